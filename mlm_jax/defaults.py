@@ -1,0 +1,93 @@
+"""The full config schema with defaults; every file in configs/ starts from `default_config()`.
+
+Keeping all fields in one place makes the ConfigDict locked against typos: overriding a key
+that is not here (`--config.trian.steps=5`) fails at start with the key named.
+"""
+import ml_collections
+
+from mlm_jax.data.config import data_defaults
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # ---- model (mlm_jax/model.py) ----
+  m = c.model = ml_collections.ConfigDict()
+  m.vocab_size = 32000
+  m.hidden_size = 256
+  m.num_layers = 4
+  m.num_heads = 4
+  m.intermediate_size = 1024
+  m.max_position_embeddings = 512
+  m.type_vocab_size = 2          # 0 = no token-type embeddings (RoBERTa uses 1, XLM-R 1)
+  m.position_offset = 0          # RoBERTa / XLM-R: padding_idx + 1 = 2
+  m.positions = "learned"        # learned | rotary
+  m.norm = "post"                # post (BERT) | pre (modern recipes)
+  m.mlp = "gelu"                 # gelu (exact erf GELU) | geglu
+  m.layer_norm_eps = 1e-12       # BERT 1e-12, RoBERTa/XLM-R 1e-5
+  m.hidden_dropout = 0.1
+  m.attention_dropout = 0.1
+  m.use_pooler = False
+  m.rope_theta = 10000.0
+  m.initializer_range = 0.02
+  m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
+  m.param_dtype = "float32"
+  m.attention_impl = ""          # '' = per backend (cudnn on GPU, xla elsewhere)
+  m.scan_layers = False
+  m.remat = "none"               # none | full | dots
+
+  # ---- masking (mlm_jax/masking.py) ----
+  k = c.masking = ml_collections.ConfigDict()
+  k.mode = "token"               # token | whole_word | span
+  k.mask_rate = 0.15
+  k.mask_token_prob = 0.8
+  k.random_token_prob = 0.1
+  k.max_predictions = 0          # 0 = ceil(mask_rate * seq_len) rounded up to a multiple of 8
+  k.span_p = 0.2                 # SpanBERT geometric parameter
+  k.span_max = 10
+  # Filled from the tokenizer at start: mask id and the ids that are never selected/sampled.
+  k.mask_id = -1
+  k.special_ids = ()
+
+  # ---- optimizer (mlm_jax/optim.py) ----
+  o = c.optimizer = ml_collections.ConfigDict()
+  o.learning_rate = 1e-4         # peak
+  o.warmup_steps = 100
+  o.schedule = "linear"          # linear | cosine | constant (after warmup)
+  o.end_lr_ratio = 0.0
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.eps = 1e-6
+  o.weight_decay = 0.01
+  o.clip_norm = 1.0              # 0 = off
+  o.grad_accum_steps = 1
+
+  # ---- data (mlm_jax/data/) ----
+  c.data = data_defaults()
+
+  # ---- training loop (mlm_jax/train.py) ----
+  t = c.train = ml_collections.ConfigDict()
+  t.steps = 1000
+  t.batch_size = 32              # global, in sequences
+  t.log_every = 50
+  t.eval_every = 500
+  t.eval_batches = 20
+  t.save_every = 500
+
+  # ---- mesh and sharding (mlm_jax/sharding.py) ----
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  s = c.sharding = ml_collections.ConfigDict()
+  # logical axis -> mesh axis (or tuple of axes, or None = replicated). MaxText-style rules.
+  s.rules = (
+      ("batch", ("data", "fsdp")),
+      ("vocab", "tensor"),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("mlp", "tensor"),
+      ("norm", None),
+      ("positions", None),
+      ("layers", None),
+  )
+  return c

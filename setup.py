@@ -1,0 +1,43 @@
+"""mlm_jax: masked-language-model pretraining of BERT / RoBERTa / XLM-R encoders in JAX.
+
+Version ranges are the ones tested together (see README, "Tested versions").
+"""
+from setuptools import find_packages, setup
+
+HF = [
+    "transformers>=4.46,<6",
+    "torch>=2.4",
+    "safetensors>=0.4",
+]
+
+setup(
+    name="mlm_jax",
+    version="0.1.0",
+    description="Masked-language-model pretraining of BERT/RoBERTa/XLM-R encoders with JAX, Flax NNX and tf.data",
+    python_requires=">=3.10",
+    packages=find_packages(include=["mlm_jax", "mlm_jax.*"]),
+    install_requires=[
+        "jax>=0.10.0,<0.11",
+        "flax>=0.12.4,<0.13",
+        "optax>=0.2.6,<0.3",
+        "orbax-checkpoint>=0.12.0,<0.13",
+        "tensorflow>=2.20,<2.22",
+        "tensorflow-text>=2.20,<2.22",
+        "tensorflow-datasets>=4.9.9,<4.10",
+        "sentencepiece>=0.2.0,<0.3",
+        "ml-collections>=1.0,<2",
+        "absl-py>=2.1",
+        "numpy>=2.0,<3",
+        "psutil>=5.9",
+        "tensorboard>=2.20,<2.22",
+    ],
+    extras_require={
+        "hf": HF,
+        "test": HF + ["pytest>=8", "pytest-xdist>=3.5"],
+    },
+    entry_points={
+        "console_scripts": [
+            "mlm-jax-train=mlm_jax.train:run",
+        ],
+    },
+)

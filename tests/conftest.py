@@ -1,0 +1,35 @@
+"""Shared test fixtures.
+
+The suite runs on CPU with 8 fake XLA devices so that sharding tests can build real meshes;
+single-device tests simply use a mesh over the first device.
+"""
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _data_root() -> pathlib.Path:
+  return pathlib.Path(os.environ.get("MLM_JAX_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+  """The real corpora in ../shared/data (or $MLM_JAX_DATA).
+
+  Missing data skips the test with a reason, except under CI (CI=true) where it fails:
+  CI must never go green by skipping the tests that use real text.
+  """
+  root = _data_root()
+  if not (root / "corpus").is_dir():
+    msg = f"shared data not found at {root} (set MLM_JAX_DATA to the folder holding corpus/)"
+    if os.environ.get("CI", "").lower() == "true":
+      pytest.fail(msg)
+    pytest.skip(msg)
+  return root
