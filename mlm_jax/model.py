@@ -1,0 +1,242 @@
+"""The encoder: BERT / RoBERTa / XLM-R in one readable Flax NNX module.
+
+Defaults reproduce the published models exactly (post-LayerNorm, learned absolute positions,
+exact erf GELU, tied MLM decoder with its own bias), so that weights converted from Hugging Face
+give the same hidden states and logits (tests/test_model_hf_parity.py). Modern options (pre-LN,
+rotary positions, GeGLU) are switches in `config.model`.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `norm`,
+`positions`); `config.sharding.rules` maps them to mesh axes (mlm_jax/sharding.py).
+
+Dropout takes an explicit key rather than a stateful nnx.Rngs so that the train step stays a pure
+function of (state, batch, key): the same key always gives the same dropout masks, on any mesh.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+import ml_collections
+
+
+def _param(key, shape, names, init: str, std: float, dtype) -> nnx.Param:
+  if init == "normal":
+    value = std * jax.random.normal(key, shape, dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = jnp.zeros(shape, dtype)
+  with nnx.use_eager_sharding(False):
+    return nnx.Param(value, out_sharding=names)
+
+
+def dropout(x, rate: float, key):
+  """Inverted dropout; a no-op when `key` is None (evaluation) or the rate is 0."""
+  if key is None or rate <= 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+class LayerNorm(nnx.Module):
+  """LayerNorm computed in float32 whatever the compute dtype (bf16 variance is too coarse)."""
+
+  def __init__(self, size: int, eps: float, param_dtype):
+    self.eps = eps
+    self.scale = _param(None, (size,), ("norm",), "ones", 0.0, param_dtype)
+    self.bias = _param(None, (size,), ("norm",), "zeros", 0.0, param_dtype)
+
+  def __call__(self, x):
+    dtype = x.dtype
+    x = x.astype(jnp.float32)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + self.eps)
+    return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(dtype)
+
+
+def rotary(x, positions, theta: float):
+  """Rotary position embedding (RoFormer) on [batch, seq, heads, head_dim], half-split layout."""
+  half = x.shape[-1] // 2
+  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = positions.astype(jnp.float32)[..., None] * freq            # [B, S, half]
+  cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def attention_mask(segment_ids):
+  """[B, 1, S, S] boolean: a token sees the tokens of its own document, padding (0) sees nothing."""
+  same = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return (same & (segment_ids[:, None, :] > 0))[:, None]
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
+    h, n = cfg.hidden_size, cfg.num_heads
+    d = h // n
+    std = cfg.initializer_range
+    kq, kk, kv, ko = jax.random.split(key, 4)
+    self.q_kernel = _param(kq, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
+    self.k_kernel = _param(kk, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
+    self.v_kernel = _param(kv, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
+    self.q_bias = _param(None, (n, d), ("heads", "kv"), "zeros", 0.0, param_dtype)
+    self.k_bias = _param(None, (n, d), ("heads", "kv"), "zeros", 0.0, param_dtype)
+    self.v_bias = _param(None, (n, d), ("heads", "kv"), "zeros", 0.0, param_dtype)
+    self.o_kernel = _param(ko, (n, d, h), ("heads", "kv", "embed"), "normal", std, param_dtype)
+    self.o_bias = _param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
+    self.rotary = cfg.positions == "rotary"
+    self.rope_theta = cfg.rope_theta
+    self.dropout_rate = cfg.attention_dropout
+    self.implementation = cfg.attention_impl or None
+
+  def __call__(self, x, mask, positions, dtype, key):
+    def proj(kernel, bias):
+      return jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)) + bias[...].astype(dtype)
+
+    q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
+    if self.rotary:
+      q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
+    if key is None or self.dropout_rate <= 0.0:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.implementation)
+    else:
+      # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
+      # with it, so the training path spells attention out (XLA fuses it the same way on CPU).
+      logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
+      out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
+    return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
+    h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range
+    ki, kg, ko = jax.random.split(key, 3)
+    self.gated = cfg.mlp == "geglu"
+    self.wi_kernel = _param(ki, (h, f), ("embed", "mlp"), "normal", std, param_dtype)
+    self.wi_bias = _param(None, (f,), ("mlp",), "zeros", 0.0, param_dtype)
+    if self.gated:
+      self.wg_kernel = _param(kg, (h, f), ("embed", "mlp"), "normal", std, param_dtype)
+      self.wg_bias = _param(None, (f,), ("mlp",), "zeros", 0.0, param_dtype)
+    self.wo_kernel = _param(ko, (f, h), ("mlp", "embed"), "normal", std, param_dtype)
+    self.wo_bias = _param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
+
+  def __call__(self, x, dtype):
+    y = jax.nn.gelu(x @ self.wi_kernel[...].astype(dtype) + self.wi_bias[...].astype(dtype), approximate=False)
+    if self.gated:
+      y = y * (x @ self.wg_kernel[...].astype(dtype) + self.wg_bias[...].astype(dtype))
+    return y @ self.wo_kernel[...].astype(dtype) + self.wo_bias[...].astype(dtype)
+
+
+class Layer(nnx.Module):
+  """One Transformer block; `norm='post'` is BERT's x = LN(x + f(x)), `pre` is x = x + f(LN(x))."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
+    ka, km = jax.random.split(key)
+    self.attention = Attention(cfg, ka, param_dtype)
+    self.attention_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype)
+    self.mlp = MLP(cfg, km, param_dtype)
+    self.mlp_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype)
+    self.pre_norm = cfg.norm == "pre"
+    self.dropout_rate = cfg.hidden_dropout
+
+  def __call__(self, x, mask, positions, dtype, key):
+    keys = [None] * 4 if key is None else list(jax.random.split(key, 4))
+    if self.pre_norm:
+      x = x + dropout(self.attention(self.attention_norm(x), mask, positions, dtype, keys[0]),
+                      self.dropout_rate, keys[1])
+      return x + dropout(self.mlp(self.mlp_norm(x), dtype), self.dropout_rate, keys[2])
+    x = self.attention_norm(
+        x + dropout(self.attention(x, mask, positions, dtype, keys[0]), self.dropout_rate, keys[1]))
+    return self.mlp_norm(x + dropout(self.mlp(x, dtype), self.dropout_rate, keys[2]))
+
+
+class Encoder(nnx.Module):
+  """Embeddings -> layers -> (final norm for pre-LN) -> MLM head with the decoder tied to the embeddings.
+
+  `__call__` returns hidden states; the MLM head is applied separately (`mlm_logits`) so the
+  training step can run it on the gathered prediction slots only.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0):
+    if cfg.hidden_size % cfg.num_heads:
+      raise ValueError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
+    if cfg.positions not in ("learned", "rotary"):
+      raise ValueError(f"model.positions={cfg.positions!r}: expected 'learned' or 'rotary'")
+    if cfg.norm not in ("post", "pre"):
+      raise ValueError(f"model.norm={cfg.norm!r}: expected 'post' or 'pre'")
+    if cfg.mlp not in ("gelu", "geglu"):
+      raise ValueError(f"model.mlp={cfg.mlp!r}: expected 'gelu' or 'geglu'")
+    self.cfg = cfg
+    pdt = jnp.dtype(cfg.param_dtype)
+    h, std = cfg.hidden_size, cfg.initializer_range
+    keys = jax.random.split(jax.random.key(seed), cfg.num_layers + 6)
+    self.word_embeddings = _param(keys[0], (cfg.vocab_size, h), ("vocab", "embed"), "normal", std, pdt)
+    if cfg.positions == "learned":
+      self.position_embeddings = _param(keys[1], (cfg.max_position_embeddings, h), ("positions", "embed"),
+                                        "normal", std, pdt)
+    if cfg.type_vocab_size > 0:
+      self.token_type_embeddings = _param(keys[2], (cfg.type_vocab_size, h), (None, "embed"), "normal", std, pdt)
+    # Post-LN models normalize the embedding sum; pre-LN models normalize after the last layer.
+    self.embeddings_norm = LayerNorm(h, cfg.layer_norm_eps, pdt)
+    self.layers = nnx.List([Layer(cfg, keys[6 + i], pdt) for i in range(cfg.num_layers)])
+    self.head_kernel = _param(keys[3], (h, h), ("embed", None), "normal", std, pdt)
+    self.head_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
+    self.head_norm = LayerNorm(h, cfg.layer_norm_eps, pdt)
+    self.decoder_bias = _param(None, (cfg.vocab_size,), ("vocab",), "zeros", 0.0, pdt)
+    if cfg.use_pooler:
+      self.pooler_kernel = _param(keys[4], (h, h), ("embed", None), "normal", std, pdt)
+      self.pooler_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
+
+  @property
+  def dtype(self):
+    return jnp.dtype(self.cfg.dtype)
+
+  def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None):
+    cfg, dtype = self.cfg, self.dtype
+    x = jnp.take(self.word_embeddings[...], input_ids, axis=0)
+    if cfg.positions == "learned":
+      x = x + jnp.take(self.position_embeddings[...], positions + cfg.position_offset, axis=0)
+    if cfg.type_vocab_size > 0:
+      tt = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+      x = x + jnp.take(self.token_type_embeddings[...], tt, axis=0)
+    x = x.astype(dtype)
+    keys = [None] * (cfg.num_layers + 1) if dropout_key is None else list(
+        jax.random.split(dropout_key, cfg.num_layers + 1))
+    if cfg.norm == "post":
+      x = self.embeddings_norm(x)
+    x = dropout(x, cfg.hidden_dropout, keys[0])
+    mask = attention_mask(segment_ids)
+    layer_fn = Layer.__call__
+    if cfg.remat == "full":
+      layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,))
+    elif cfg.remat == "dots":
+      layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,),
+                           policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
+    for layer, key in zip(self.layers, keys[1:]):
+      x = layer_fn(layer, x, mask, positions, dtype, key)
+    if cfg.norm == "pre":
+      x = self.embeddings_norm(x)
+    return x
+
+  def mlm_logits(self, hidden):
+    """MLM head on any [..., hidden] array; float32 logits over the vocabulary."""
+    dtype = self.dtype
+    y = jax.nn.gelu(hidden @ self.head_kernel[...].astype(dtype) + self.head_bias[...].astype(dtype),
+                    approximate=False)
+    y = self.head_norm(y)
+    logits = y @ self.word_embeddings[...].astype(dtype).T
+    return logits.astype(jnp.float32) + self.decoder_bias[...].astype(jnp.float32)
+
+  def pool(self, hidden):
+    """BERT pooler: tanh(dense(first token)); the sentence representation for classification."""
+    if not self.cfg.use_pooler:
+      raise ValueError("model.use_pooler is False: this model has no pooler")
+    first = hidden[:, 0]
+    return jnp.tanh(first @ self.pooler_kernel[...].astype(self.dtype) + self.pooler_bias[...].astype(self.dtype))
