@@ -1,8 +1,42 @@
-"""Defaults of the `config.data` section (owned by the input pipeline)."""
+"""Defaults of the `config.data` section (owned by the input pipeline).
+
+Every field is a str, int, float or tuple of str, so that ml_collections' config_flags can set
+any of them from the command line, e.g.
+  --config.data.sources="('en=corpus/en/*.txt.gz','de=tsv:1:corpus/de/leipzig/*.gz')"
+"""
 import ml_collections
 
 
 def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.seq_len = 128
+  # Path to the sentencepiece .model (its .special_ids.json next to it gives the special ids).
+  d.tokenizer = ""
+  # Training corpora, each 'name=spec' (the name labels logs and the mixing weights). Specs:
+  #   GLOB[,GLOB]              text files, .gz read transparently (local or gs://)
+  #   tsv:FIELD:GLOB           tab-separated text, column FIELD (Leipzig: tsv:1:..)
+  #   tfds:NAME[/CFG]:SPLIT[:FEATURE]   a prepared TFDS dataset in `tfds_data_dir`
+  #   tfrecord:GLOB            tf.train.Example with int64 `input_ids` (pre-tokenized docs)
+  d.sources = ()
+  # Held-out corpora (same syntax). Empty: hold out `eval_percent` % of the training documents
+  # by a stable hash of their text (excluded from training, identical on every run and host).
+  d.eval_sources = ()
+  d.eval_percent = 1.0
+  d.doc_format = "line"          # line: a document per line | blank_line: blank-line-separated
+  # segmented: documents packed whole, each with BOS/EOS, segment ids 1,2,.. and positions from 0
+  #            (documents do not attend to each other); concat: RoBERTa FULL-SENTENCES stream.
+  d.packing = "segmented"
+  # Corpus i is drawn with p_i ∝ n_i^alpha, n_i = its size on disk (bytes; TFDS: examples) unless
+  # `source_sizes` says otherwise. 1.0 = proportional, 0.3 = XLM-R, 0.0 = uniform.
+  d.mix_alpha = 1.0
+  d.source_sizes = ()            # optional 'name=number' overrides of n_i
+  d.shuffle_buffer = 10000       # documents; 0 = no shuffle (file order is still shuffled)
+  d.shuffle_files = True
+  d.tfds_data_dir = ""           # '' = TFDS default (~/tensorflow_datasets)
+  # tf.data performance knobs (tools/benchmark.py input reports what they were).
+  d.tokenize_batch = 128         # documents per in-graph sentencepiece call
+  d.num_parallel_calls = -1      # -1 = tf.data.AUTOTUNE
+  d.num_parallel_reads = 4       # files read at once (deterministic interleave)
+  d.threads = 0                  # tf.data private thread pool size; 0 = TF's shared pool
+  d.prefetch = 4                 # ready batches buffered ahead of the training step
   return d

@@ -1,0 +1,336 @@
+"""SentencePiece tokenizer: training with language-balanced sampling, and one loaded object.
+
+Every consumer (the tf.data pipeline, the training loop, the conversion and fill-mask tools)
+goes through `load(path) -> Tokenizer`, so special ids are decided in exactly one place: the
+JSON written next to the model at training time (`<prefix>.special_ids.json`), or, for a model
+trained elsewhere, inferred from its pieces.
+
+Two special-token layouts:
+
+* `xlmr` (also RoBERTa): `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, ..., `<mask>`=vocab_size-1.
+  SentencePiece puts user/control symbols right after its reserved ids, so `<mask>` cannot be
+  made last by a trainer flag: we train vocab_size-1 pieces and append `<mask>` to the
+  ModelProto as a CONTROL piece (control pieces are never produced from text, in the Python
+  processor and in tensorflow_text alike).
+* `bert`: `[PAD]`=0, `[UNK]`=1, `[CLS]`=2, `[SEP]`=3, `[MASK]`=4 (CLS/SEP are sentencepiece's
+  bos/eos pieces, so `bos_id`/`eos_id` mean CLS/SEP here).
+
+Multilingual sampling (`train`): corpora are grouped into languages; each language i with n_i
+lines gets a share q_i = n_i^alpha / sum_j n_j^alpha of the sentences fed to the trainer (XLM-R
+uses alpha=0.3), upsampling small languages with repetition, so that they get a fair part of
+the vocabulary instead of being drowned by the largest one.
+"""
+import dataclasses
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
+
+LAYOUTS = ("xlmr", "bert")
+_PIECES = {
+    "xlmr": dict(bos="<s>", pad="<pad>", eos="</s>", unk="<unk>", mask="<mask>"),
+    "bert": dict(bos="[CLS]", pad="[PAD]", eos="[SEP]", unk="[UNK]", mask="[MASK]"),
+}
+# Lines longer than this (bytes) are cut before training: sentencepiece silently drops them.
+_MAX_TRAIN_LINE_BYTES = 16384
+
+
+def special_ids_path(model_path: str) -> str:
+  base = model_path[:-len(".model")] if model_path.endswith(".model") else model_path
+  return base + ".special_ids.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+  """A loaded sentencepiece model plus its special ids (immutable, cheap to pass around)."""
+  model_path: str
+  layout: str
+  vocab_size: int
+  pad_id: int
+  bos_id: int
+  eos_id: int
+  unk_id: int
+  mask_id: int
+  processor: spm.SentencePieceProcessor = dataclasses.field(repr=False, compare=False)
+
+  @property
+  def special_ids(self) -> tuple:
+    return tuple(sorted({self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id}))
+
+  @property
+  def model_proto(self) -> bytes:
+    """The serialized model, as tensorflow_text's SentencepieceTokenizer wants it."""
+    return self.processor.serialized_model_proto()
+
+  def encode(self, text: str) -> list:
+    """Token ids of `text`, without BOS/EOS."""
+    return self.processor.encode(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list:
+    return self.processor.encode(list(texts))
+
+  def decode(self, ids) -> str:
+    return self.processor.decode([int(i) for i in ids])
+
+  def id_to_piece(self, i: int) -> str:
+    return self.processor.id_to_piece(int(i))
+
+  def piece_to_id(self, piece: str) -> int:
+    return self.processor.piece_to_id(piece)
+
+  def normalize(self, text: str) -> str:
+    """The text as the model sees it (NFKC, collapsed whitespace): what decode() returns."""
+    return self.processor.normalize(text).replace("\u2581", " ").strip()
+
+  def word_start_table(self) -> list:
+    """Per id: 1 if the piece starts a word ('▁' prefix) or is special, else 0."""
+    table = [1 if self.processor.id_to_piece(i).startswith("\u2581") else 0
+             for i in range(self.vocab_size)]
+    for i in self.special_ids:
+      table[i] = 1
+    for i in range(self.vocab_size):
+      if self.processor.is_control(i) or self.processor.is_unknown(i):
+        table[i] = 1
+    return table
+
+
+def load(path: str) -> Tokenizer:
+  """Loads `<prefix>.model` (any path tf.io.gfile or open() reads) and its special ids."""
+  try:
+    proto = _read_bytes(path)
+  except Exception as e:  # noqa: BLE001 - one clear line whatever the filesystem raised
+    raise FileNotFoundError(f"cannot read tokenizer model {path}: {e.__class__.__name__}") from None
+  processor = spm.SentencePieceProcessor()
+  try:
+    processor.LoadFromSerializedProto(proto)
+  except Exception:  # noqa: BLE001
+    raise ValueError(f"{path} is not a sentencepiece model") from None
+  ids = None
+  json_path = special_ids_path(path)
+  try:
+    ids = json.loads(_read_bytes(json_path).decode("utf-8"))
+  except Exception:  # noqa: BLE001 - a model trained elsewhere: infer below
+    ids = _infer_special_ids(processor)
+  tok = Tokenizer(model_path=path, layout=ids["layout"], vocab_size=processor.get_piece_size(),
+                  pad_id=ids["pad_id"], bos_id=ids["bos_id"], eos_id=ids["eos_id"],
+                  unk_id=ids["unk_id"], mask_id=ids["mask_id"], processor=processor)
+  for name in ("pad_id", "bos_id", "eos_id", "unk_id", "mask_id"):
+    value = getattr(tok, name)
+    if not 0 <= value < tok.vocab_size:
+      raise ValueError(f"{path}: {name}={value} is outside the vocabulary (size {tok.vocab_size})")
+  return tok
+
+
+def _read_bytes(path: str) -> bytes:
+  if "://" in path:
+    import tensorflow as tf  # only for remote paths (gs://...)
+    with tf.io.gfile.GFile(path, "rb") as f:
+      return f.read()
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def _infer_special_ids(p: spm.SentencePieceProcessor) -> dict:
+  for layout, pieces in _PIECES.items():
+    mask = p.piece_to_id(pieces["mask"])
+    if mask != p.unk_id() or pieces["mask"] == p.id_to_piece(p.unk_id()):
+      return dict(layout=layout, pad_id=p.pad_id(), bos_id=p.bos_id(), eos_id=p.eos_id(),
+                  unk_id=p.unk_id(), mask_id=mask)
+  raise ValueError("sentencepiece model has no <mask> or [MASK] piece and no special_ids.json")
+
+
+# ------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------
+def language_groups(inputs: Union[Sequence[str], Mapping[str, str]]) -> dict:
+  """Groups input specs into languages: {name: [spec, ...]}.
+
+  `inputs` is a mapping name -> spec, or a list where each item is `name=spec` or a bare glob.
+  A bare glob is split into one group per value of its first wildcard path component, so
+  `corpus/*/*.gz` yields one group per language folder.
+  """
+  from mlm_jax.data import sources  # TensorFlow only when training
+  if isinstance(inputs, Mapping):
+    return {k: [v] for k, v in inputs.items()}
+  groups = {}
+  for item in inputs:
+    name, spec = sources.split_named(item)
+    if name:
+      groups.setdefault(name, []).append(spec)
+      continue
+    parsed = sources.parse_spec(spec)
+    kind, pattern = parsed.kind, parsed.pattern
+    if kind not in ("text", "tsv"):
+      groups.setdefault(spec, []).append(spec)
+      continue
+    for path in sources.list_files(pattern, owner=spec):
+      groups.setdefault(_wildcard_key(pattern, path), []).append(
+          spec.replace(pattern, _glob_escape(path)))
+  return groups
+
+
+def _glob_escape(path: str) -> str:
+  return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
+def _wildcard_key(pattern: str, path: str) -> str:
+  parts, got = pattern.split("/"), path.split("/")
+  for i, part in enumerate(parts):
+    if any(c in part for c in "*?[") and i < len(got):
+      return got[i]
+  return path
+
+
+def train(inputs: Union[Sequence[str], Mapping[str, str]],
+          out_prefix: str,
+          *,
+          vocab_size: int = 32000,
+          layout: str = "xlmr",
+          model_type: str = "unigram",
+          alpha: float = 0.3,
+          max_sentences_per_language: int = 1_000_000,
+          input_sentence_size: int = 2_000_000,
+          character_coverage: float = 0.9995,
+          byte_fallback: bool = True,
+          seed: int = 0,
+          num_threads: int = 0,
+          verbose: bool = True,
+          log: Optional[Callable[[str], None]] = None) -> Tokenizer:
+  """Trains a sentencepiece model with language-balanced sampling; returns it loaded.
+
+  Args:
+    inputs: corpora, see `language_groups` (specs as in `sources`: text globs, `tsv:FIELD:GLOB`).
+    out_prefix: writes `<out_prefix>.model`, `.vocab` and `.special_ids.json`.
+    vocab_size: total size including every special token.
+    layout: 'xlmr' (also RoBERTa) or 'bert'.
+    model_type: 'unigram' (XLM-R, ALBERT) or 'bpe'.
+    alpha: language sampling exponent, q_i ∝ n_i^alpha (1.0 = proportional, 0 = uniform).
+    max_sentences_per_language: per-language budget of lines kept in memory (a uniform
+      reservoir sample; n_i still counts every line).
+    input_sentence_size: total number of lines given to the trainer.
+    character_coverage: sentencepiece's; keep < 1 for CJK-heavy mixes.
+    byte_fallback: unknown characters become UTF-8 byte pieces instead of <unk>.
+    seed: sampling seed (the trainer itself is deterministic for a given input).
+    num_threads: trainer threads (0 = all cores).
+    verbose: print progress (ours and sentencepiece's) to stderr.
+    log: progress sink; default prints to stderr when verbose.
+  """
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+  if model_type not in ("unigram", "bpe"):
+    raise ValueError(f"model_type={model_type!r}: expected 'unigram' or 'bpe'")
+  if log is None:
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if verbose else (lambda s: None)
+  rng = random.Random(seed)
+  groups = language_groups(inputs)
+  if not groups:
+    raise ValueError("no tokenizer training inputs given")
+
+  counts, samples = {}, {}
+  for name, specs in sorted(groups.items()):
+    t0 = time.time()
+    n, keep = _reservoir(specs, max_sentences_per_language, rng)
+    if n == 0:
+      raise ValueError(f"tokenizer input {name!r} ({', '.join(specs)}) has no text lines")
+    counts[name], samples[name] = n, keep
+    log(f"[tokenizer] read {name}: {n} lines ({len(keep)} kept) in {time.time() - t0:.1f}s")
+
+  weights = {k: float(n) ** alpha for k, n in counts.items()}
+  total_w = sum(weights.values())
+  budget = min(input_sentence_size, sum(len(v) for v in samples.values()))
+  mixture_path = None
+  try:
+    fd, mixture_path = tempfile.mkstemp(prefix="spm_input_", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      for name in sorted(samples):
+        k = max(1, round(budget * weights[name] / total_w))
+        pool = samples[name]
+        picked = rng.sample(pool, k) if k <= len(pool) else [rng.choice(pool) for _ in range(k)]
+        log(f"[tokenizer] {name}: q={weights[name] / total_w:.3f} -> {k} lines "
+            f"({'up' if k > len(pool) else 'sub'}sampled from {len(pool)})")
+        for line in picked:
+          f.write(line + "\n")
+    _train_spm(mixture_path, out_prefix, vocab_size, layout, model_type, character_coverage,
+               byte_fallback, num_threads, verbose)
+  finally:
+    if mixture_path:
+      os.remove(mixture_path)
+
+  model_path = out_prefix + ".model"
+  pieces = _PIECES[layout]
+  if layout == "xlmr":
+    _append_control_piece(model_path, pieces["mask"])
+    ids = dict(layout=layout, bos_id=0, pad_id=1, eos_id=2, unk_id=3, mask_id=vocab_size - 1)
+    with open(out_prefix + ".vocab", "a", encoding="utf-8") as f:
+      f.write(f"{pieces['mask']}\t0\n")
+  else:
+    ids = dict(layout=layout, pad_id=0, unk_id=1, bos_id=2, eos_id=3, mask_id=4)
+  ids["languages"] = {k: dict(lines=counts[k], weight=weights[k] / total_w) for k in counts}
+  ids["alpha"] = alpha
+  with open(special_ids_path(model_path), "w", encoding="utf-8") as f:
+    json.dump(ids, f, indent=1, sort_keys=True)
+  tok = load(model_path)
+  assert tok.vocab_size == vocab_size, (tok.vocab_size, vocab_size)
+  log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {layout}, "
+      f"specials {tok.special_ids})")
+  return tok
+
+
+def _reservoir(specs, cap, rng):
+  """(number of lines, uniform sample of at most `cap` of them) over all specs of a language."""
+  from mlm_jax.data import sources
+  n, keep = 0, []
+  for spec in specs:
+    ds = sources.text_lines(sources.parse_spec(spec), owner=spec)
+    for raw in ds.as_numpy_iterator():
+      line = raw.decode("utf-8").strip()
+      if not line:
+        continue
+      if len(raw) > _MAX_TRAIN_LINE_BYTES:
+        line = raw[:_MAX_TRAIN_LINE_BYTES].decode("utf-8", errors="ignore").strip()
+      n += 1
+      if len(keep) < cap:
+        keep.append(line)
+      else:
+        j = rng.randrange(n)
+        if j < cap:
+          keep[j] = line
+  return n, keep
+
+
+def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character_coverage,
+               byte_fallback, num_threads, verbose):
+  pieces = _PIECES[layout]
+  if layout == "xlmr":
+    special = dict(bos_id=0, pad_id=1, eos_id=2, unk_id=3, control_symbols=[])
+    n_pieces = vocab_size - 1  # <mask> is appended last afterwards
+  else:
+    special = dict(pad_id=0, unk_id=1, bos_id=2, eos_id=3, control_symbols=[pieces["mask"]])
+    n_pieces = vocab_size
+  out_dir = os.path.dirname(os.path.abspath(out_prefix))
+  os.makedirs(out_dir, exist_ok=True)
+  spm.SentencePieceTrainer.train(
+      input=input_path, model_prefix=out_prefix, vocab_size=n_pieces, model_type=model_type,
+      character_coverage=character_coverage, byte_fallback=byte_fallback,
+      bos_piece=pieces["bos"], eos_piece=pieces["eos"], pad_piece=pieces["pad"],
+      unk_piece=pieces["unk"], input_sentence_size=0, shuffle_input_sentence=False,
+      max_sentence_length=_MAX_TRAIN_LINE_BYTES, train_extremely_large_corpus=False,
+      num_threads=num_threads or os.cpu_count() or 1, minloglevel=0 if verbose else 2,
+      hard_vocab_limit=True, **special)
+
+
+def _append_control_piece(model_path: str, piece: str) -> None:
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(model_path, "rb") as f:
+    proto.ParseFromString(f.read())
+  p = proto.pieces.add()
+  p.piece, p.score, p.type = piece, 0.0, sentencepiece_model_pb2.ModelProto.SentencePiece.CONTROL
+  proto.trainer_spec.vocab_size = len(proto.pieces)
+  with open(model_path, "wb") as f:
+    f.write(proto.SerializeToString())
