@@ -1,0 +1,362 @@
+"""Document sources: text files, TFDS datasets and TFRecords -> tf.data of documents, per host.
+
+A source is named by a spec string (in `config.data.sources` as `name=spec`):
+
+  GLOB[,GLOB...]            text files (local or any tf.io.gfile path, e.g. gs://), `*.gz` read
+  text:GLOB[,GLOB...]         as gzip; one document per line or per blank-line-separated block
+  tsv:FIELD:GLOB[,GLOB...]  tab-separated text files; column FIELD (0-based) is the text
+                            (Leipzig corpora: `tsv:1:...`, Tatoeba exports: `tsv:2:...`)
+  tfds:NAME[/CONFIG]:SPLIT[:FEATURE]
+                            a prepared TFDS dataset read with `tfds.builder(...).as_dataset`
+                            from `config.data.tfds_data_dir`; FEATURE defaults to `text`
+  tfrecord:GLOB[,GLOB...]   tf.train.Examples of pre-tokenized documents (int64 `input_ids`,
+                            no special tokens)
+
+Text and TFDS sources yield tf.string documents (valid UTF-8, no BOM, no CR); TFRecord sources
+yield int32 token ids. Each host reads a disjoint part (by file when there are at least as many
+files as hosts, else by document; TFDS by even split slicing), and the parts of all hosts
+together are the whole corpus, so no document is trained on twice per epoch.
+
+Bad input is reported in one line naming the file or spec (`DataError`); empty files, empty
+documents and lines with invalid UTF-8 (replaced by U+FFFD) are skipped or repaired and counted
+in `Stats`, never fatal: a 10 TB crawl always has a few of those.
+"""
+import dataclasses
+import gzip
+import logging
+import re
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+try:  # TensorFlow is for tf.data only: keep it off every GPU (JAX owns them).
+  tf.config.set_visible_devices([], "GPU")
+except RuntimeError:  # devices already initialised by an earlier TF user: nothing to change
+  pass
+
+_READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more than the work)
+
+
+class DataError(ValueError):
+  """Bad input data or data config; the message is one line naming the culprit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  kind: str      # text | tsv | tfds | tfrecord
+  pattern: str   # globs (comma separated), or NAME[/CONFIG] for tfds
+  arg: str = ""  # tsv: field index; tfds: SPLIT:FEATURE
+
+
+def split_named(item: str):
+  """'name=spec' -> (name, spec); a bare spec -> ('', spec)."""
+  m = re.match(r"^([A-Za-z0-9_.\-]+)=(.+)$", item.strip())
+  return (m.group(1), m.group(2)) if m else ("", item.strip())
+
+
+def parse_spec(spec: str) -> Spec:
+  if spec.startswith("tfds:"):
+    parts = spec[len("tfds:"):].split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+      raise DataError(f"bad TFDS spec {spec!r}: expected tfds:NAME[/CONFIG]:SPLIT[:FEATURE]")
+    return Spec("tfds", parts[0], ":".join([parts[1], parts[2] if len(parts) == 3 else "text"]))
+  if spec.startswith("tfrecord:"):
+    return Spec("tfrecord", spec[len("tfrecord:"):])
+  if spec.startswith("tsv:"):
+    m = re.match(r"^tsv:(\d+):(.+)$", spec)
+    if not m:
+      raise DataError(f"bad TSV spec {spec!r}: expected tsv:FIELD:GLOB")
+    return Spec("tsv", m.group(2), m.group(1))
+  if spec.startswith("text:"):
+    spec = spec[len("text:"):]
+  if not spec:
+    raise DataError("empty source spec")
+  return Spec("text", spec)
+
+
+class Stats:
+  """Counters of repaired or skipped input, updated from inside tf.data (tf.Variables).
+
+  Reported by the pipeline in its logs; never used to alter the data stream.
+  """
+
+  KEYS = ("empty_docs", "invalid_utf8_lines", "long_docs_split")
+
+  def __init__(self):
+    self.empty_files = []
+    self._vars = {k: tf.Variable(0, dtype=tf.int64, trainable=False) for k in self.KEYS}
+
+  def add(self, key, n):
+    return self._vars[key].assign_add(tf.cast(n, tf.int64))
+
+  def as_dict(self) -> dict:
+    d = {k: int(v.numpy()) for k, v in self._vars.items()}
+    d["empty_files"] = len(self.empty_files)
+    return d
+
+
+# ------------------------------------------------------------------------------------------
+# Files
+# ------------------------------------------------------------------------------------------
+def list_files(pattern: str, owner: str = "") -> list:
+  """Sorted files matching the comma-separated globs; a glob matching nothing is an error."""
+  files = []
+  owner = "" if owner == pattern else owner
+  for glob in pattern.split(","):
+    glob = glob.strip()
+    try:
+      matched = tf.io.gfile.glob(glob)
+    except tf.errors.OpError as e:
+      raise DataError(f"cannot list {glob!r}{_of(owner)}: {_first_line(e.message)}") from None
+    if not matched:
+      raise DataError(f"no files match {glob!r}{_of(owner)}")
+    files.extend(matched)
+  return sorted(set(files))
+
+
+def check_files(files: Sequence[str], owner: str, stats: Optional[Stats]) -> list:
+  """Opens each file once, so unreadable ones fail here with their name, not deep in tf.data.
+
+  Returns the non-empty files; empty ones are recorded in `stats.empty_files` and logged.
+  """
+  keep = []
+  for path in files:
+    if tf.io.gfile.isdir(path):
+      raise DataError(f"cannot read {path}{_of(owner)}: is a directory")
+    try:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        if path.endswith(".gz"):
+          with gzip.GzipFile(fileobj=f) as g:
+            first = g.read(1)
+        else:
+          first = f.read(1)
+    except (OSError, EOFError, tf.errors.OpError) as e:
+      reason = e.message if isinstance(e, tf.errors.OpError) else f"{e.__class__.__name__}: {e}"
+      raise DataError(f"cannot read {path}{_of(owner)}: {_first_line(reason)}") from None
+    if not first:
+      logging.warning("skipping empty file %s%s", path, _of(owner))
+      if stats is not None:
+        stats.empty_files.append(path)
+      continue
+    keep.append(path)
+  return keep
+
+
+def _of(owner):
+  return f" (source {owner})" if owner else ""
+
+
+def _first_line(s):
+  return str(s).strip().splitlines()[0] if str(s).strip() else ""
+
+
+def _clean_lines(lines, field: int, stats: Optional[Stats]):
+  """Batch of raw lines -> valid UTF-8 text without BOM / CR (and the TSV field if asked)."""
+  fixed = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace",
+                                       replacement_char=0xFFFD)
+  if stats is not None:
+    with tf.control_dependencies([stats.add("invalid_utf8_lines", tf.reduce_sum(
+        tf.cast(tf.not_equal(fixed, lines), tf.int64)))]):
+      fixed = tf.identity(fixed)
+  fixed = tf.strings.regex_replace(fixed, "^\ufeff|\r+$", "")
+  if field >= 0:
+    cols = tf.strings.split(fixed, sep="\t", maxsplit=field + 1).to_tensor("")
+    cols = tf.pad(cols, [[0, 0], [0, field + 1]], constant_values="")
+    fixed = cols[:, field]
+  return fixed
+
+
+def _line_reader(field: int, stats: Optional[Stats]):
+  def read(path):
+    gz = tf.strings.regex_full_match(path, r".*\.gz")
+    ds = tf.data.TextLineDataset(path, compression_type=tf.where(gz, "GZIP", ""))
+    return ds.batch(_READ_BATCH).map(lambda b: _clean_lines(b, field, stats)).unbatch()
+  return read
+
+
+def _group_blank_lines(lines):
+  """Lines of one file -> blank-line-separated blocks joined by spaces (streaming, via scan)."""
+  lines = lines.concatenate(tf.data.Dataset.from_tensors(tf.constant("")))
+
+  def step(acc, line):
+    blank = tf.equal(tf.strings.length(tf.strings.strip(line)), 0)
+    joined = tf.where(tf.equal(tf.strings.length(acc), 0), line, acc + " " + line)
+    return tf.where(blank, "", joined), tf.where(blank, acc, "")
+
+  return lines.scan(tf.constant(""), step).filter(lambda d: tf.strings.length(d) > 0)
+
+
+def _drop_empty(docs, stats: Optional[Stats]):
+  def keep(doc):
+    nonempty = tf.strings.length(tf.strings.strip(doc)) > 0
+    if stats is None:
+      return nonempty
+    with tf.control_dependencies([stats.add("empty_docs", tf.cast(~nonempty, tf.int64))]):
+      return tf.identity(nonempty)
+  return docs.filter(keep)
+
+
+def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
+  """All cleaned non-empty lines of a text/TSV source, in file order (tokenizer training)."""
+  if spec.kind not in ("text", "tsv"):
+    raise DataError(f"source {owner or spec.pattern!r} is {spec.kind}, not text: cannot read lines")
+  files = check_files(list_files(spec.pattern, owner), owner, None)
+  field = int(spec.arg) if spec.kind == "tsv" else -1
+  ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
+  ds = ds.flat_map(_line_reader(field, None))
+  return ds.filter(lambda s: tf.strings.length(tf.strings.strip(s)) > 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Documents, per host
+# ------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Source:
+  """One named corpus: how to read it, and its size for mixing (n_i in p_i ∝ n_i^alpha)."""
+  name: str
+  spec_str: str
+  spec: Spec
+  tfds_data_dir: str = ""
+
+  @property
+  def tokenized(self) -> bool:
+    return self.spec.kind == "tfrecord"
+
+  def size(self) -> float:
+    """Bytes on disk of all files (gz: compressed), or the TFDS split's number of examples."""
+    if self.spec.kind == "tfds":
+      split = self.spec.arg.split(":")[0]
+      return float(self._tfds_builder().info.splits[split].num_examples)
+    return float(sum(tf.io.gfile.stat(f).length for f in list_files(self.spec.pattern, self.owner)))
+
+  @property
+  def owner(self) -> str:
+    return f"{self.name}={self.spec_str}" if self.name else self.spec_str
+
+  def documents(self, *, process_index: int = 0, process_count: int = 1,
+                doc_format: str = "line", shuffle_seed: Optional[int] = None,
+                repeat: bool = False, holdout: str = "", eval_percent: float = 0.0,
+                stats: Optional[Stats] = None, num_parallel_reads: int = 4) -> tf.data.Dataset:
+    """This host's documents: tf.string (text) or int32 [None] (pre-tokenized).
+
+    Args:
+      process_index, process_count: this host and the number of hosts; hosts get disjoint parts.
+      doc_format: 'line' (a document per line) or 'blank_line' (blocks of lines).
+      shuffle_seed: shuffle the file order every epoch with this seed (None = file order).
+      repeat: loop forever (file order reshuffled each epoch).
+      holdout: '' (everything), 'train' or 'eval': keep documents whose stable hash falls
+        outside / inside the first `eval_percent` percent.
+      stats: counters of skipped / repaired input.
+      num_parallel_reads: files read concurrently (deterministic interleave).
+    """
+    if not 0 <= process_index < process_count:
+      raise DataError(f"process_index={process_index} not in [0, {process_count})")
+    if doc_format not in ("line", "blank_line"):
+      raise DataError(f"doc_format={doc_format!r}: expected 'line' or 'blank_line'")
+    if self.spec.kind == "tfds":
+      ds, key = self._tfds_documents(process_index, process_count, shuffle_seed)
+      docs = _drop_empty(ds.map(key), stats)
+      raw_for_hash = None
+    else:
+      files = check_files(list_files(self.spec.pattern, self.owner), self.owner, stats)
+      if not files:
+        raise DataError(f"all files of source {self.owner} are empty")
+      by_file = len(files) >= process_count
+      if by_file:
+        files = files[process_index::process_count]
+      files_ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
+      if shuffle_seed is not None and by_file and len(files) > 1:
+        files_ds = files_ds.shuffle(len(files), seed=shuffle_seed, reshuffle_each_iteration=True)
+      if repeat and by_file:
+        files_ds = files_ds.repeat()
+      if self.spec.kind == "tfrecord":
+        gz = files[0].endswith(".gz")
+        read = lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if gz else "")  # noqa: E731
+      else:
+        field = int(self.spec.arg) if self.spec.kind == "tsv" else -1
+        line_reader = _line_reader(field, stats)
+        if doc_format == "blank_line":
+          read = lambda f: _group_blank_lines(line_reader(f))  # noqa: E731
+        else:
+          read = line_reader
+      docs = files_ds.interleave(read, cycle_length=max(1, min(num_parallel_reads, len(files))),
+                                 block_length=16, num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=True)
+      if not by_file:
+        docs = docs.shard(process_count, process_index)
+        if repeat:
+          docs = docs.repeat()
+      if self.spec.kind == "tfrecord":
+        raw_for_hash = docs
+        docs = docs.map(_parse_tokenized)
+        docs = docs.filter(lambda ids: tf.size(ids) > 0)
+      else:
+        docs = _drop_empty(docs, stats)
+    if holdout:
+      docs = _apply_holdout(docs, holdout, eval_percent, tokenized=self.tokenized)
+    return docs
+
+  def _tfds_builder(self):
+    import tensorflow_datasets as tfds
+    name = self.spec.pattern
+    try:
+      return tfds.builder(name, data_dir=self.tfds_data_dir or None)
+    except Exception:  # noqa: BLE001 - tfds raises several types, with pages of text
+      raise DataError(f"unknown TFDS dataset {name!r}{_of(self.owner)} "
+                      f"(data_dir={self.tfds_data_dir or 'default'})") from None
+
+  def _tfds_documents(self, process_index, process_count, shuffle_seed):
+    import tensorflow_datasets as tfds
+    builder = self._tfds_builder()
+    split, feature = self.spec.arg.split(":")
+    if not builder.is_prepared():
+      raise DataError(f"TFDS dataset {self.spec.pattern!r}{_of(self.owner)} is not prepared in "
+                      f"data_dir={self.tfds_data_dir or 'default'} (run `tfds build` first)")
+    base_split = re.split(r"[\[+]", split)[0]
+    if base_split not in builder.info.splits:
+      raise DataError(f"TFDS dataset {self.spec.pattern!r} has no split {base_split!r}"
+                      f"{_of(self.owner)}; it has {sorted(builder.info.splits)}")
+    if feature not in builder.info.features:
+      raise DataError(f"TFDS dataset {self.spec.pattern!r} has no feature {feature!r}"
+                      f"{_of(self.owner)}; it has {sorted(builder.info.features)}")
+    host_split = tfds.even_splits(split, n=process_count)[process_index]
+    read_config = tfds.ReadConfig(shuffle_seed=shuffle_seed, interleave_cycle_length=1)
+    ds = builder.as_dataset(split=host_split, shuffle_files=shuffle_seed is not None,
+                            read_config=read_config)
+    return ds, lambda ex: tf.strings.regex_replace(
+        tf.strings.unicode_transcode(ex[feature], "UTF-8", "UTF-8", errors="replace",
+                                     replacement_char=0xFFFD), "^\ufeff|\r", "")
+
+
+def _parse_tokenized(record):
+  ex = tf.io.parse_single_example(record, {"input_ids": tf.io.VarLenFeature(tf.int64)})
+  return tf.cast(tf.sparse.to_dense(ex["input_ids"]), tf.int32)
+
+
+def _apply_holdout(docs, holdout, eval_percent, tokenized):
+  if holdout not in ("train", "eval"):
+    raise DataError(f"holdout={holdout!r}: expected 'train' or 'eval'")
+  threshold = int(round(eval_percent * 100))  # buckets of 0.01 %
+
+  def in_eval(doc):
+    key = tf.strings.reduce_join(tf.strings.as_string(doc), separator=",") if tokenized else doc
+    return tf.strings.to_hash_bucket_fast(key, 10000) < threshold
+
+  if holdout == "eval":
+    return docs.filter(in_eval)
+  return docs.filter(lambda d: tf.logical_not(in_eval(d)))
+
+
+def parse_sources(entries: Sequence[str], tfds_data_dir: str = "") -> list:
+  """`('en=corpus/en/*.gz', 'tfds:wiki40b/en:train', ...)` -> [Source]; names default to spec."""
+  if isinstance(entries, str):
+    entries = (entries,)
+  out, seen = [], set()
+  for i, item in enumerate(entries):
+    name, spec = split_named(item)
+    name = name or f"source{i}"
+    if name in seen:
+      raise DataError(f"duplicate source name {name!r} in {list(entries)}")
+    seen.add(name)
+    out.append(Source(name=name, spec_str=spec, spec=parse_spec(spec), tfds_data_dir=tfds_data_dir))
+  return out
