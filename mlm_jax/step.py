@@ -56,8 +56,9 @@ def _forward_sums(graphdef, params, batch, dropout_key):
   model = nnx.merge(graphdef, params)
   hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
                  dropout_key=dropout_key)
-  logits = model.mlm_logits(objectives.gather_slots(hidden, batch["masked_positions"]))
-  _, sums = objectives.mlm_loss_and_metrics(logits, batch["masked_labels"], batch["masked_weights"])
+  y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
+  sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
+                             batch["masked_weights"])
   return sums["loss_sum"], sums
 
 
@@ -106,7 +107,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
       (grads, sums), _ = jax.lax.scan(body, zeros, (_microbatches(batch, accum), jnp.arange(accum)))
     # Gradient of the mean loss over all predictions of the global batch, however it was split.
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["num_predictions"], 1.0), grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)

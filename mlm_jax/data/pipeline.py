@@ -1,0 +1,364 @@
+"""tf.data pipeline: documents -> in-graph sentencepiece -> packed rows -> mixed, batched, resumable.
+
+Public interface:
+
+  Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
+           split='train')
+    data_config: `config.data` (see mlm_jax/data/config.py); tokenizer: a `Tokenizer` or the
+    path of its .model; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
+    shape [batch_size, seq_len]:
+      input_ids    tokens; padding = tokenizer.pad_id
+      segment_ids  0 on padding; segmented: documents of a row numbered 1, 2, ...; concat: 1
+      positions    segmented: 0.. restarting at each document; concat: 0..seq_len-1; 0 on padding
+      word_starts  1 on a piece starting with '▁', on every special token and on the first token
+                   of a document (of a chunk of a split document, of a concat row); else 0
+    Every document (or chunk of at most seq_len-2 tokens of a longer one) is wrapped in BOS/EOS.
+    split='train': sources repeated forever, shuffled with `seed`, mixed with p_i ∝ n_i^alpha.
+    split='eval': `eval_sources` (or the hash-held-out `eval_percent` % of `sources`), in order,
+    once; the last batch is filled up with padding rows, so shapes never change.
+    get_state() -> {'batches': int, ...} (small, JSON-able); set_state(state) resumes so the
+    following batches are exactly those an uninterrupted run would have produced.
+    stats() -> counts of skipped / repaired input.
+
+  build_dataset(...) -> tf.data.Dataset of those batches (optionally with a per-row `source`
+    index), for tools and tests.
+
+Resume works by replaying: the stream is a pure function of (config, seed, host), so the
+restored iterator skips the `batches` already consumed inside tf.data (C++, no Python per
+batch), at the pipeline's own speed. That keeps the checkpointed state a few bytes instead of
+megabytes of shuffle buffers, at the cost of restore time proportional to the run so far.
+"""
+import hashlib
+import json
+import logging
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from mlm_jax.data import sources as sources_lib
+from mlm_jax.data import tokenizer as tokenizer_lib
+
+FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
+_AUTOTUNE = tf.data.AUTOTUNE
+
+
+def mixing_weights(sizes: Sequence[float], alpha: float) -> list:
+  """p_i = n_i^alpha / sum_j n_j^alpha (XLM-R, Conneau et al. 2020, eq. 1)."""
+  w = [float(n) ** alpha if n > 0 else 0.0 for n in sizes]
+  total = sum(w)
+  if total <= 0:
+    raise sources_lib.DataError(f"all source sizes are zero: {list(sizes)}")
+  return [x / total for x in w]
+
+
+def _seed(seed: int, *salt: int) -> int:
+  """A derived op seed: distinct per use, stable across runs (tf.data seeds are int64)."""
+  h = hashlib.sha256(repr((int(seed),) + tuple(int(s) for s in salt)).encode()).digest()
+  return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+class _Packer:
+  """Token streams -> fixed-length rows. Holds the tokenizer-derived constants."""
+
+  def __init__(self, tok: tokenizer_lib.Tokenizer, seq_len: int, stats):
+    if seq_len < 4:
+      raise sources_lib.DataError(f"data.seq_len={seq_len}: need at least 4 (BOS, 2 tokens, EOS)")
+    self.seq_len = seq_len
+    self.bos, self.eos, self.pad = tok.bos_id, tok.eos_id, tok.pad_id
+    self.word_start = tf.constant(np.asarray(tok.word_start_table(), np.int32))
+    self.stats = stats
+
+  def _chunks(self, ids: tf.RaggedTensor, max_len: int):
+    """[docs, None] ids -> ([chunks, None] ids, word starts) with chunks of <= max_len tokens."""
+    lens = ids.row_lengths()
+    n_chunks = (lens + max_len - 1) // max_len
+    first_chunk = tf.cumsum(n_chunks, exclusive=True)
+    offset = tf.ragged.range(lens).flat_values
+    chunk_of_token = tf.repeat(first_chunk, lens) + offset // max_len
+    values = ids.flat_values
+    ws = tf.gather(self.word_start, values)
+    ws = tf.where(offset % max_len == 0, 1, ws)  # the first token of a document / chunk
+    nrows = tf.reduce_sum(n_chunks)
+    if self.stats is not None:
+      with tf.control_dependencies([self.stats.add("long_docs_split", tf.reduce_sum(
+          tf.cast(n_chunks > 1, tf.int64)))]):
+        nrows = tf.identity(nrows)
+    chunk_ids = tf.RaggedTensor.from_value_rowids(values, chunk_of_token, nrows=nrows)
+    chunk_ws = tf.RaggedTensor.from_value_rowids(ws, chunk_of_token, nrows=nrows)
+    return self._wrap(chunk_ids), self._wrap(chunk_ws, special=1)
+
+  def _wrap(self, rt, special=None):
+    n = rt.nrows()
+    bos = tf.fill([n, 1], tf.constant(self.bos if special is None else special, rt.dtype))
+    eos = tf.fill([n, 1], tf.constant(self.eos if special is None else special, rt.dtype))
+    return tf.concat([bos, rt, eos], axis=1)
+
+  # -- segmented ---------------------------------------------------------------------------
+  def segmented(self, ragged_docs: tf.data.Dataset, finite: bool) -> tf.data.Dataset:
+    """Greedy first-fit-in-order packing of whole documents (chunks) into rows."""
+    s = self.seq_len
+    chunks = ragged_docs.map(lambda r: self._chunks(r, s - 2), num_parallel_calls=_AUTOTUNE)
+    chunks = chunks.unbatch()
+    if finite:  # an empty chunk flushes the last partial row
+      chunks = chunks.concatenate(tf.data.Dataset.from_tensors(
+          (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
+    zeros = tf.zeros([s], tf.int32)
+    init = dict(ids=tf.fill([s], self.pad), ws=zeros, seg=zeros, pos=zeros,
+                fill=tf.constant(0), nseg=tf.constant(0))
+    pad = self.pad
+
+    def step(st, chunk):
+      ids, ws = chunk
+      n = tf.size(ids)
+      flush = tf.equal(n, 0)
+      emit = tf.logical_and(tf.logical_or(flush, st["fill"] + n > s), st["fill"] > 0)
+      row = dict(input_ids=st["ids"], segment_ids=st["seg"], positions=st["pos"],
+                 word_starts=st["ws"])
+      k = tf.cast(emit, tf.int32)
+      out = {key: tf.reshape(v, [1, s])[:k] for key, v in row.items()}
+      fill = tf.where(emit, 0, st["fill"])
+      nseg = tf.where(emit, 0, st["nseg"])
+      keep = tf.logical_not(emit)
+      base_ids = tf.where(keep, st["ids"], pad)
+      base = {k_: tf.where(keep, st[k_], 0) for k_ in ("ws", "seg", "pos")}
+      paddings = [[fill, s - fill - n]]
+      mask = tf.pad(tf.ones([n], tf.bool), paddings)
+      new = dict(
+          ids=tf.where(mask, tf.pad(ids, paddings), base_ids),
+          ws=tf.where(mask, tf.pad(ws, paddings), base["ws"]),
+          seg=tf.where(mask, nseg + 1, base["seg"]),
+          pos=tf.where(mask, tf.pad(tf.range(n), paddings), base["pos"]),
+          fill=fill + n,
+          nseg=tf.where(n > 0, nseg + 1, nseg))
+      return new, out
+
+    return chunks.scan(init, step).unbatch()
+
+  # -- concat ------------------------------------------------------------------------------
+  def concat(self, ragged_docs: tf.data.Dataset, finite: bool) -> tf.data.Dataset:
+    """RoBERTa FULL-SENTENCES: one stream of <s> doc </s> <s> doc </s> ... cut every seq_len."""
+    s = self.seq_len
+
+    def flatten(r):
+      lens = r.row_lengths()
+      offset = tf.ragged.range(lens).flat_values
+      ws = tf.where(offset == 0, 1, tf.gather(self.word_start, r.flat_values))
+      ids = self._wrap(r).flat_values
+      ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
+      return ids, ws
+
+    pieces = ragged_docs.map(flatten, num_parallel_calls=_AUTOTUNE)
+    if finite:
+      pieces = pieces.concatenate(tf.data.Dataset.from_tensors(
+          (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
+    init = dict(ids=tf.fill([s], self.pad), ws=tf.zeros([s], tf.int32), fill=tf.constant(0))
+
+    def step(st, piece):
+      ids, ws = piece
+      flush = tf.equal(tf.size(ids), 0)
+      all_ids = tf.concat([st["ids"][:st["fill"]], ids], 0)
+      all_ws = tf.concat([st["ws"][:st["fill"]], ws], 0)
+      total = tf.size(all_ids)
+      k = total // s
+      # A flush turns a non-empty remainder into one last, padded row.
+      pad_to = tf.where(tf.logical_and(flush, total % s > 0), (k + 1) * s, k * s)
+      padn = pad_to - total
+      rows_ids = tf.reshape(tf.pad(all_ids, [[0, tf.maximum(padn, 0)]], constant_values=self.pad)
+                            [:pad_to], [-1, s])
+      rows_ws = tf.reshape(tf.pad(all_ws, [[0, tf.maximum(padn, 0)]])[:pad_to], [-1, s])
+      real = tf.reshape(tf.range(pad_to) < total, [-1, s])
+      out = dict(input_ids=rows_ids,
+                 segment_ids=tf.cast(real, tf.int32),
+                 positions=tf.where(real, tf.range(s)[None, :], 0),
+                 word_starts=tf.where(tf.range(s)[None, :] == 0, 1, rows_ws) * tf.cast(real, tf.int32))
+      rem = tf.where(flush, 0, total - k * s)
+      new = dict(ids=tf.pad(all_ids[k * s:][:rem], [[0, s - rem]], constant_values=self.pad),
+                 ws=tf.pad(all_ws[k * s:][:rem], [[0, s - rem]]), fill=rem)
+      return new, out
+
+    return pieces.scan(init, step).unbatch()
+
+
+def _tokenized(docs: tf.data.Dataset, pretokenized: bool, sp, tokenize_batch: int,
+               num_parallel_calls: int) -> tf.data.Dataset:
+  """Documents -> batches of ragged int32 token ids (one sentencepiece call per batch)."""
+  if pretokenized:
+    return docs.ragged_batch(tokenize_batch)
+  ragged = docs.batch(tokenize_batch).map(sp.tokenize, num_parallel_calls=num_parallel_calls)
+  return ragged.map(lambda r: tf.RaggedTensor.from_row_splits(
+      tf.cast(r.flat_values, tf.int32), r.row_splits))
+
+
+def _source_sizes(srcs, overrides: Sequence[str]) -> list:
+  given = {}
+  for item in overrides:
+    name, value = sources_lib.split_named(item)
+    try:
+      given[name] = float(value)
+    except ValueError:
+      raise sources_lib.DataError(f"data.source_sizes entry {item!r}: expected name=number") from None
+  unknown = set(given) - {s.name for s in srcs}
+  if unknown:
+    raise sources_lib.DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
+  return [given[s.name] if s.name in given else s.size() for s in srcs]
+
+
+def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, seed: int,
+                  process_index: int = 0, process_count: int = 1, split: str = "train",
+                  stats: Optional[sources_lib.Stats] = None, with_source: bool = False,
+                  repeat: Optional[bool] = None) -> tf.data.Dataset:
+  """The batched tf.data.Dataset behind `Pipeline` (no prefetch; options applied).
+
+  `repeat=False` on the train split gives exactly one epoch of every source (tests, tools),
+  ending like eval with the last partial row flushed and the last batch filled with padding.
+  """
+  c = data_config
+  if split not in ("train", "eval"):
+    raise sources_lib.DataError(f"split={split!r}: expected 'train' or 'eval'")
+  if c.packing not in ("segmented", "concat"):
+    raise sources_lib.DataError(f"data.packing={c.packing!r}: expected 'segmented' or 'concat'")
+  if batch_size < 1:
+    raise sources_lib.DataError(f"batch_size={batch_size}: must be >= 1 per host")
+  train = split == "train"
+  repeat = train if repeat is None else repeat
+  entries = tuple(c.sources) if train or not c.eval_sources else tuple(c.eval_sources)
+  if not entries:
+    raise sources_lib.DataError(f"no data sources configured for split {split!r} "
+                                "(set config.data.sources)")
+  srcs = sources_lib.parse_sources(entries, c.tfds_data_dir)
+  holdout = ""
+  if not c.eval_sources and c.eval_percent > 0:
+    holdout = split
+  elif not train and not c.eval_sources:
+    raise sources_lib.DataError("eval split needs data.eval_sources or data.eval_percent > 0")
+
+  sp = tf_text.SentencepieceTokenizer(model=tok.model_proto, out_type=tf.int32)
+  packer = _Packer(tok, c.seq_len, stats)
+  npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
+  rows = []
+  for i, src in enumerate(srcs):
+    docs = src.documents(
+        process_index=process_index, process_count=process_count, doc_format=c.doc_format,
+        shuffle_seed=_seed(seed, 1, i, process_index) if (train and c.shuffle_files) else None,
+        repeat=repeat, holdout=holdout, eval_percent=c.eval_percent, stats=stats,
+        num_parallel_reads=c.num_parallel_reads)
+    if train and c.shuffle_buffer > 0:
+      docs = docs.shuffle(c.shuffle_buffer, seed=_seed(seed, 2, i, process_index),
+                          reshuffle_each_iteration=True)
+    tokens = _tokenized(docs, src.tokenized, sp, c.tokenize_batch, npc)
+    pack = packer.segmented if c.packing == "segmented" else packer.concat
+    r = pack(tokens, finite=not repeat)
+    if with_source:
+      r = r.map(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32)))
+    rows.append(r)
+
+  if len(rows) == 1:
+    mixed = rows[0]
+  elif train and repeat:
+    weights = mixing_weights(_source_sizes(srcs, c.source_sizes), c.mix_alpha)
+    logging.info("data: mixing %s", {s.name: round(w, 4) for s, w in zip(srcs, weights)})
+    mixed = tf.data.Dataset.sample_from_datasets(rows, weights=weights, seed=_seed(seed, 3),
+                                                 stop_on_empty_dataset=False)
+  else:  # one pass over everything, in source order
+    mixed = rows[0]
+    for r in rows[1:]:
+      mixed = mixed.concatenate(r)
+
+  if repeat:
+    batches = mixed.batch(batch_size, drop_remainder=True)
+  else:  # finite: keep the last rows, filled up with padding rows to a full batch
+    pad = tok.pad_id
+
+    def fill_up(b):
+      n = batch_size - tf.shape(b["input_ids"])[0]
+      return {k: tf.pad(v, [[0, n]] + [[0, 0]] * (len(v.shape) - 1),
+                        constant_values=pad if k == "input_ids" else 0) for k, v in b.items()}
+    batches = mixed.batch(batch_size).map(fill_up)
+  shape = [batch_size, c.seq_len]
+  batches = batches.map(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)]) for k, v in b.items()})
+
+  options = tf.data.Options()
+  options.deterministic = True
+  options.threading.max_intra_op_parallelism = 1
+  if c.threads > 0:
+    options.threading.private_threadpool_size = c.threads
+  return batches.with_options(options)
+
+
+def thread_settings(data_config) -> dict:
+  """The tf.data threading in effect, for logs and benchmarks."""
+  return dict(private_threadpool_size=data_config.threads or "tf-default",
+              max_intra_op_parallelism=1,
+              num_parallel_calls=data_config.num_parallel_calls if
+              data_config.num_parallel_calls > 0 else "autotune",
+              num_parallel_reads=data_config.num_parallel_reads,
+              tokenize_batch=data_config.tokenize_batch, prefetch=data_config.prefetch,
+              tf_inter_op=tf.config.threading.get_inter_op_parallelism_threads(),
+              tf_intra_op=tf.config.threading.get_intra_op_parallelism_threads())
+
+
+class Pipeline:
+  """Iterator of host-local batches with an exact, tiny resumable state. See module docstring."""
+
+  def __init__(self, data_config, tokenizer: Union[tokenizer_lib.Tokenizer, str],
+               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
+               split: str = "train"):
+    self.tokenizer = (tokenizer_lib.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
+    self.config = data_config
+    self.batch_size, self.seed, self.split = batch_size, seed, split
+    self.process_index, self.process_count = process_index, process_count
+    self._stats = sources_lib.Stats()
+    self._dataset = build_dataset(data_config, self.tokenizer, batch_size, seed, process_index,
+                                  process_count, split, stats=self._stats)
+    self._batches = 0
+    self._iterator = None
+
+  @property
+  def dataset(self) -> tf.data.Dataset:
+    return self._dataset
+
+  def _fingerprint(self) -> str:
+    c = self.config
+    key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources),
+               eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
+               mix_alpha=c.mix_alpha, source_sizes=list(c.source_sizes),
+               shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files,
+               seq_len=c.seq_len, tokenize_batch=c.tokenize_batch,
+               vocab_size=self.tokenizer.vocab_size)
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+  def _start(self, skip: int):
+    ds = self._dataset.skip(skip) if skip else self._dataset
+    self._iterator = ds.prefetch(max(self.config.prefetch, 1)).as_numpy_iterator()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._iterator is None:
+      self._start(self._batches)
+    batch = next(self._iterator)
+    self._batches += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
+                batch_size=self.batch_size, process_index=self.process_index,
+                process_count=self.process_count, fingerprint=self._fingerprint())
+
+  def set_state(self, state: dict) -> None:
+    """Continue after `state['batches']` batches of the same stream (checked by fingerprint)."""
+    mine = self.get_state()
+    for key in ("seed", "split", "batch_size", "process_index", "process_count", "fingerprint"):
+      if key in state and state[key] != mine[key]:
+        what = "the data config" if key == "fingerprint" else key
+        raise sources_lib.DataError(
+            f"cannot resume data iterator: {what} differs from the checkpoint "
+            f"({state[key]!r} saved, {mine[key]!r} now), so the same batches cannot be replayed")
+    self._batches = int(state["batches"])
+    self._start(self._batches)
+
+  def stats(self) -> dict:
+    return self._stats.as_dict()

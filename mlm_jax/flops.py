@@ -1,0 +1,53 @@
+"""Model FLOPs per token and MFU.
+
+Counted the way MaxText and the PaLM paper count model FLOPs (6 per parameter per token for
+forward + backward matmuls, plus attention scores), but for the work this model really has to do:
+the MLM head and vocabulary projection run on the prediction slots only (P of S positions), not
+on every position. `dense_flops_per_token` is the same count with the head on all positions, as
+Hugging Face's BERT computes it, for comparison with those peers.
+"""
+from __future__ import annotations
+
+import time
+
+import ml_collections
+
+
+def layer_params(cfg: ml_collections.ConfigDict) -> int:
+  """Matmul parameters of the Transformer layers (biases and norms are negligible and excluded)."""
+  h, f = cfg.hidden_size, cfg.intermediate_size
+  mlp = (3 if cfg.mlp == "geglu" else 2) * h * f
+  return cfg.num_layers * (4 * h * h + mlp)
+
+
+def flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, num_slots: int | None = None) -> float:
+  """Training FLOPs per input token; the head (H*H + H*V matmuls) counted on `num_slots` of `seq_len`."""
+  h, v = cfg.hidden_size, cfg.vocab_size
+  attention = 12 * cfg.num_layers * h * seq_len          # QK^T and PV, forward + backward
+  head_fraction = 1.0 if num_slots is None else num_slots / seq_len
+  head = 6 * (h * h + h * v) * head_fraction
+  return 6 * layer_params(cfg) + attention + head
+
+
+def dense_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int) -> float:
+  return flops_per_token(cfg, seq_len, None)
+
+
+def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+  """Best achieved FLOP/s of one jitted square matmul on the default device (the MFU denominator)."""
+  import jax
+  import jax.numpy as jnp
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  f = jax.jit(jnp.dot)
+  f(a, b).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n ** 3 / best
+
+
+def mfu(tokens_per_sec: float, flops_per_tok: float, peak_flops_per_sec: float) -> float:
+  return tokens_per_sec * flops_per_tok / peak_flops_per_sec

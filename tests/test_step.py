@@ -1,0 +1,114 @@
+"""The sharded train step: same numbers on 1 and 8 devices, parameters sharded by the rules, learns."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from mlm_jax import sharding, step
+from mlm_jax.defaults import default_config
+
+import textdata
+
+
+def tiny_config(**model):
+  c = default_config()
+  c.model.update(dict(vocab_size=textdata.VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                      intermediate_size=64, max_position_embeddings=128), **model)
+  c.masking.mask_id = textdata.MASK
+  c.masking.special_ids = textdata.SPECIALS
+  c.optimizer.warmup_steps = 2
+  c.train.steps = 10
+  c.train.batch_size = 8
+  return c
+
+
+@pytest.fixture(scope="module")
+def batch(shared_data):
+  sp, lines = textdata.load(shared_data)
+  return textdata.packed_batches(sp, lines[200:], seq_len=64, max_rows=8)
+
+
+def _one_step(c, mesh, batch):
+  tr = step.make_trainer(c, mesh)
+  state = tr.init()
+  new, metrics = tr.train_step(state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
+  return tr, new, jax.tree.map(np.asarray, metrics)
+
+
+def test_eight_devices_match_one(batch):
+  assert len(jax.devices()) >= 8, "conftest sets 8 fake CPU devices"
+  c = tiny_config()
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  _, s1, m1 = _one_step(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), batch)
+  c.mesh.update(dict(data=2, fsdp=2, tensor=2))
+  mesh8 = sharding.make_mesh(c.mesh, jax.devices()[:8])
+  tr8, s8, m8 = _one_step(c, mesh8, batch)
+  assert m1["num_predictions"] == m8["num_predictions"] > 0
+  np.testing.assert_allclose(m8["loss_sum"], m1["loss_sum"], rtol=1e-5)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1.params), jax.tree.leaves(s8.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7,
+                               err_msg=jax.tree_util.keystr(path))
+
+  # The parameters (and Adam's moments) really are laid out as the rules say.
+  specs = {jax.tree_util.keystr(p): x.sharding.spec for p, x in jax.tree_util.tree_leaves_with_path(s8.params)}
+  expect = {
+      "['word_embeddings'].value": P("tensor", "fsdp"),
+      "['position_embeddings'].value": P(None, "fsdp"),
+      "['layers'][0]['attention']['q_kernel'].value": P("fsdp", "tensor", None),
+      "['layers'][0]['attention']['o_kernel'].value": P("tensor", None, "fsdp"),
+      "['layers'][1]['mlp']['wi_kernel'].value": P("fsdp", "tensor"),
+      "['layers'][1]['mlp']['wo_kernel'].value": P("tensor", "fsdp"),
+      "['decoder_bias'].value": P("tensor"),
+  }
+  for name, spec in expect.items():
+    assert specs[name] == spec, (name, specs[name])
+  q = s8.params["layers"][0]["attention"]["q_kernel"][...]
+  assert q.addressable_shards[0].data.shape == (16, 2, 8)   # [32/fsdp, 4/tensor, 8]
+  mu = s8.opt_state[1][0].mu["word_embeddings"][...]
+  assert mu.sharding.spec == P("tensor", "fsdp")
+
+
+def test_grad_accumulation_matches_full_batch(batch):
+  c = tiny_config(hidden_dropout=0.0, attention_dropout=0.0)
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  _, full, mf = _one_step(c, mesh, batch)
+  c.optimizer.grad_accum_steps = 4
+  _, acc, ma = _one_step(c, mesh, batch)
+  np.testing.assert_allclose(ma["loss_sum"], mf["loss_sum"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(acc.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+def test_nonfinite_update_is_skipped_and_counted(batch):
+  c = tiny_config()
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  state = tr.init()
+  # NaN in every 1-D parameter (biases, norms): the loss and all gradients become NaN.
+  poisoned = state.replace(params=jax.tree.map(lambda x: x * np.float32("nan") if x.ndim == 1 else x, state.params))
+  new, m = tr.train_step(poisoned, batch, jax.random.key(0))
+  assert float(m["finite"]) == 0.0 and int(new.nonfinite) == 1
+  # The step did not apply anything: params are the (poisoned) inputs, Adam's moments untouched.
+  assert int(new.step) == 1
+  for a in jax.tree.leaves(new.opt_state[1][0].mu):
+    assert not np.asarray(a).any()
+
+
+def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch):
+  c = tiny_config(hidden_size=64, intermediate_size=128, hidden_dropout=0.0, attention_dropout=0.0)
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  c.optimizer.update(dict(learning_rate=3e-3, warmup_steps=20, schedule="constant", weight_decay=0.0))
+  c.train.steps = 400
+  tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  state = tr.init()
+  b = jax.device_put(batch, tr.batch_sharding)
+  key = jax.random.key(0)
+  losses = []
+  for i in range(c.train.steps):
+    state, m = tr.train_step(state, b, key)
+    if i % 20 == 19:
+      losses.append(float(m["loss_sum"] / m["num_predictions"]))
+      if losses[-1] < 1.0 and len(losses) > 2 and losses[-2] < 1.0:
+        break
+  assert losses[0] > 3.0 and min(losses) < 1.0, losses

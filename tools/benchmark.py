@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Throughput benchmarks; the last line of output is one JSON object.
+
+  python tools/benchmark.py train --model=mini --seq_len=128 --batch=32 --steps=20 --vocab=32000
+  python tools/benchmark.py input [flags of tools/benchmark_input.py]
+
+`train` runs the real train step (masking, sparse MLM loss, AdamW; dropout 0.1 like the peers in
+../shared/bench) on random token batches and reports tokens/s, compile time, peak RSS, model FLOPs
+per token, achieved TFLOP/s, the machine's measured matmul peak and MFU. Compare with peers only
+when measured side by side on the same machine.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+PRESETS = {
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+}
+
+
+def train_main(argv):
+  p = argparse.ArgumentParser(prog="benchmark.py train")
+  p.add_argument("--model", choices=sorted(PRESETS), default="mini")
+  p.add_argument("--seq_len", type=int, default=128)
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--steps", type=int, default=20)
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--vocab", type=int, default=32000)
+  p.add_argument("--dtype", default="float32", help="compute dtype (float32 | bfloat16)")
+  p.add_argument("--dropout", type=float, default=0.1)
+  p.add_argument("--mask_mode", default="token")
+  p.add_argument("--devices", type=int, default=1, help="devices in the data axis (default 1)")
+  p.add_argument("--peak_gflops", type=float, default=0.0, help="skip measuring the matmul peak")
+  args = p.parse_args(argv)
+
+  import jax
+  import numpy as np
+  from mlm_jax import flops, masking, sharding, step
+  from mlm_jax.defaults import default_config
+
+  c = default_config()
+  c.model.update(PRESETS[args.model])
+  c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
+                      attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len)))
+  c.masking.update(dict(mode=args.mask_mode, mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3)))
+  c.train.update(dict(steps=args.steps + args.warmup + 1, batch_size=args.batch))
+  c.mesh.update(dict(data=args.devices, fsdp=1, tensor=1))
+  c.data.seq_len = args.seq_len
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:args.devices])
+
+  rng = np.random.default_rng(0)
+  b, s = args.batch, args.seq_len
+  batches = []
+  for _ in range(4):
+    ids = rng.integers(4, args.vocab - 1, (b, s)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 0, 2
+    batches.append(dict(input_ids=ids, segment_ids=np.ones((b, s), np.int32),
+                        positions=np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
+                        word_starts=np.ones((b, s), np.int32)))
+
+  t0 = time.perf_counter()
+  tr = step.make_trainer(c, mesh)
+  state = tr.init()
+  batches = [jax.device_put(x, tr.batch_sharding) for x in batches]
+  key = jax.random.key(0)
+  compiled = tr.train_step.lower(state, batches[0], key).compile()
+  compile_s = time.perf_counter() - t0
+
+  for i in range(args.warmup):
+    state, m = compiled(state, batches[i % 4], key)
+  jax.block_until_ready(state)
+  times = []
+  t_all = time.perf_counter()
+  for i in range(args.steps):
+    t = time.perf_counter()
+    state, m = compiled(state, batches[i % 4], key)
+    jax.block_until_ready((state.params, m))
+    times.append(time.perf_counter() - t)
+  total = time.perf_counter() - t_all
+  loss = float(m["loss_sum"] / m["num_predictions"])
+
+  tokens_per_sec = b * s * args.steps / total
+  slots = masking.max_predictions(c.masking, s)
+  fpt = flops.flops_per_token(c.model, s, slots)
+  peak = args.peak_gflops * 1e9 if args.peak_gflops else flops.measure_matmul_peak()
+  result = dict(
+      bench="mlm_jax_train", model=args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
+      dropout=args.dropout, devices=args.devices, device=str(jax.devices()[0].platform),
+      tokens_per_sec=tokens_per_sec, steps_per_sec=args.steps / total,
+      step_time_median_s=statistics.median(times), compile_s=compile_s,
+      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
+      prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
+      mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=loss,
+      versions=dict(jax=jax.__version__),
+  )
+  print(json.dumps(result))
+
+
+def main():
+  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input"):
+    sys.exit("usage: benchmark.py {train|input} [flags]  (see --help of each)")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if sys.argv[1] == "train":
+    train_main(sys.argv[2:])
+  else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import benchmark_input
+    benchmark_input.main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+  main()
