@@ -11,10 +11,23 @@ from mlm_jax.data.config import data_defaults
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
+  # parameters start from there, the optimizer and data stream start fresh.
+  c.init_from = ""
+  # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
+  c.demo_corpus = False
+
+  # ---- tokenizer training, used when data.tokenizer is '' (trained once into WORKDIR/tokenizer) ----
+  tk = c.tokenizer = ml_collections.ConfigDict()
+  tk.vocab_size = 8000
+  tk.model_type = "unigram"      # unigram | bpe
+  tk.layout = "xlmr"             # xlmr (<s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask>=last) | bert
+  tk.alpha = 0.3                 # language sampling exponent
+  tk.input_sentence_size = 2_000_000
 
   # ---- model (mlm_jax/model.py) ----
   m = c.model = ml_collections.ConfigDict()
-  m.vocab_size = 32000
+  m.vocab_size = 0               # 0 = the tokenizer's size; otherwise must equal it
   m.hidden_size = 256
   m.num_layers = 4
   m.num_heads = 4
@@ -74,6 +87,10 @@ def default_config() -> ml_collections.ConfigDict:
   t.eval_every = 500
   t.eval_batches = 20
   t.save_every = 500
+  t.keep_checkpoints = 3
+  t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error
+  t.max_consecutive_nonfinite = 20   # skip mode gives up after this many non-finite steps in a row
+  t.peak_tflops_per_device = 0.0 # for MFU; 0 = known accelerator peak, or measured on CPU
 
   # ---- mesh and sharding (mlm_jax/sharding.py) ----
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -8,6 +8,7 @@ devices in tests, and multi-host TPU/GPU slices.
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import jax
@@ -105,3 +106,22 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
+
+
+def global_batch(local: dict, batch_sh: NamedSharding) -> dict:
+  """This process's rows -> global jax.Arrays on the mesh (rows of all processes, in process order)."""
+  return {k: jax.make_array_from_process_local_data(batch_sh, np.asarray(v)) for k, v in local.items()}
+
+
+def sync_processes(name: str) -> None:
+  """Barrier across processes (a no-op with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def initialize_distributed() -> None:
+  """Multi-host runtime; a no-op for single-process runs (see issue: multi-host launch)."""
+  if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("SLURM_JOB_ID") or \
+      os.environ.get("TPU_WORKER_HOSTNAMES"):
+    jax.distributed.initialize()

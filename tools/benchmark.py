@@ -17,11 +17,8 @@ import statistics
 import sys
 import time
 
-PRESETS = {
-    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
-    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
-    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
-}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mlm_jax.presets import SIZES as PRESETS  # noqa: E402
 
 
 def train_main(argv):

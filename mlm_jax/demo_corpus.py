@@ -1,0 +1,66 @@
+"""The demo's corpus: English prose that every Python install already has, so the demo needs no
+network and no ../shared.
+
+It is Python's own documentation: the language-reference topics behind `help()` (pydoc_data) and
+the docstrings of the standard library's modules, classes and functions, read from the .py sources
+with `ast` (nothing is imported or executed). One document per line, whitespace collapsed; the
+order is fixed, so every run sees the same corpus.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sysconfig
+
+_SPACE = re.compile(r"\s+")
+
+
+def _docstrings(path: str):
+  try:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+  except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+    return
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      doc = ast.get_docstring(node)
+      if doc and len(doc) > 200:
+        yield doc
+
+
+def documents(max_bytes: int = 4_000_000):
+  """Yields documents (single-line strings) until about `max_bytes` of text."""
+  total = 0
+  try:
+    from pydoc_data.topics import topics
+  except ImportError:  # some distributions strip it; the docstrings suffice
+    topics = {}
+  stdlib = sysconfig.get_paths()["stdlib"]
+  sources = []
+  for root, dirs, files in os.walk(stdlib):
+    dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "test", "tests", "idlelib", "__pycache__"))
+    sources += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+  texts = (topics[k] for k in sorted(topics))
+  for text in list(texts) + [d for p in sources for d in _docstrings(p)]:
+    doc = _SPACE.sub(" ", text).strip()
+    if not doc:
+      continue
+    yield doc
+    total += len(doc)
+    if total >= max_bytes:
+      return
+
+
+def write(directory: str, max_bytes: int = 4_000_000) -> str:
+  """Writes DIRECTORY/python_docs.txt once (kept if it exists, so a resumed run reads the same file)."""
+  path = os.path.join(directory, "python_docs.txt")
+  if os.path.exists(path):
+    return path
+  os.makedirs(directory, exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for doc in documents(max_bytes):
+      f.write(doc + "\n")
+  os.replace(tmp, path)
+  return path

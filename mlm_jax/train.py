@@ -1,0 +1,264 @@
+"""Pretraining binary: python -m mlm_jax.train --config=configs/demo.py --workdir=DIR
+
+One readable loop (big_vision style): tokenizer -> pipeline -> sharded state (fresh, restored from
+DIR, or initialized from `config.init_from`) -> jitted train step -> logs, evals, checkpoints.
+Re-running the same command resumes from the latest checkpoint in DIR; SIGTERM (preemption)
+saves at the next step boundary and exits 0.
+
+No host sync on steps that do not log: metric sums stay on device and are fetched every
+`train.log_every` steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+import ml_collections  # noqa: E402
+
+from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
+from mlm_jax import flops, masking, objectives, sharding, step as step_lib  # noqa: E402
+from mlm_jax.metrics_writer import MetricsWriter  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
+                                          "as --config.train.steps=100.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory: checkpoints, metrics, config.json.")
+
+
+class TrainError(RuntimeError):
+  """A problem the user can fix; printed as one line, with no traceback."""
+
+
+def _resolve_paths(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """`{workdir}` in data paths means the run's directory (the demo keeps its corpus there)."""
+  d = config.data
+  with config.unlocked():
+    d.sources = tuple(s.replace("{workdir}", workdir) for s in d.sources)
+    d.eval_sources = tuple(s.replace("{workdir}", workdir) for s in d.eval_sources)
+    d.tokenizer = d.tokenizer.replace("{workdir}", workdir)
+
+
+def _tokenizer(config: ml_collections.ConfigDict, workdir: str):
+  """Load `data.tokenizer`, or train one into the workdir from the training sources (once)."""
+  from mlm_jax.data import tokenizer as tok_lib
+  path = config.data.tokenizer
+  if not path:
+    path = os.path.join(workdir, "tokenizer", "spm.model")
+    if not os.path.exists(path) and jax.process_index() == 0:
+      t = config.tokenizer
+      logging.info("training a %d-piece %s tokenizer on %s", t.vocab_size, t.model_type, config.data.sources)
+      tok_lib.train(list(config.data.sources), path[:-len(".model")], vocab_size=t.vocab_size, layout=t.layout,
+                    model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
+                    seed=config.seed, log=logging.info)
+    sharding.sync_processes("tokenizer")
+  elif not os.path.exists(path) and "://" not in path:
+    raise TrainError(f"data.tokenizer={path!r}: no such file (expected a sentencepiece .model)")
+  return tok_lib.load(path)
+
+
+def _bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
+  """Model vocabulary and masking ids come from the tokenizer; a mismatch is an error."""
+  with config.unlocked():
+    if config.model.vocab_size <= 0:
+      config.model.vocab_size = tok.vocab_size
+    config.masking.mask_id = tok.mask_id
+    config.masking.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
+  if config.model.vocab_size != tok.vocab_size:
+    raise TrainError(f"model.vocab_size={config.model.vocab_size} does not match the tokenizer "
+                     f"{tok.model_path} ({tok.vocab_size} pieces)")
+
+
+def _peak_flops(config) -> float:
+  """Peak FLOP/s of all devices: config override, known accelerator peaks, or measured on CPU."""
+  if config.train.peak_tflops_per_device > 0:
+    per = config.train.peak_tflops_per_device * 1e12
+  else:
+    kind = jax.devices()[0].device_kind.lower()
+    known = {"v4": 275e12, "v5 lite": 197e12, "v5e": 197e12, "v5p": 459e12, "v5": 459e12, "v6": 918e12,
+             "h100": 989e12, "h200": 989e12, "a100": 312e12}
+    per = next((v for k, v in known.items() if k in kind), 0.0)
+    if not per:
+      per = flops.measure_matmul_peak(n=1024, repeats=3)
+  return per * jax.device_count()
+
+
+def _evaluate(trainer, params, eval_pipeline_factory, num_batches, key) -> dict:
+  sums = None
+  for i, batch in enumerate(eval_pipeline_factory()):
+    if i >= num_batches:
+      break
+    s = trainer.eval_step(params, sharding.global_batch(batch, trainer.batch_sharding), key)
+    sums = s if sums is None else jax.tree.map(jnp.add, sums, s)
+  if sums is None:
+    raise TrainError("the eval split produced no batch (data.eval_sources / data.eval_percent)")
+  out = objectives.summarize(jax.device_get(sums))
+  return {f"eval_{k}": float(v) for k, v in out.items()}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) training; returns the last logged metrics."""
+  from mlm_jax.data import pipeline as pipeline_lib
+  import tensorflow as tf
+  tf.config.set_visible_devices([], "GPU")
+
+  workdir = workdir if "://" in workdir else os.path.abspath(workdir)
+  tf.io.gfile.makedirs(workdir)
+  _resolve_paths(config, workdir)
+  if config.demo_corpus:
+    from mlm_jax import demo_corpus
+    if jax.process_index() == 0:
+      demo_corpus.write(os.path.join(workdir, "demo_corpus"))
+    sharding.sync_processes("demo_corpus")
+  tok = _tokenizer(config, workdir)
+  _bind_tokenizer(config, tok)
+
+  mesh = sharding.make_mesh(config.mesh)
+  trainer = step_lib.make_trainer(config, mesh)
+  t = config.train
+  n_proc = jax.process_count()
+  if t.batch_size % n_proc:
+    raise TrainError(f"train.batch_size={t.batch_size} is not divisible by the {n_proc} processes")
+  local_batch = t.batch_size // n_proc
+  pipeline = pipeline_lib.Pipeline(config.data, tok, local_batch, seed=config.seed,
+                                   process_index=jax.process_index(), process_count=n_proc)
+  eval_factory = lambda: pipeline_lib.Pipeline(config.data, tok, local_batch, seed=config.seed,
+                                               process_index=jax.process_index(), process_count=n_proc,
+                                               split="eval")
+
+  checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints)
+  abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    state, data_state = checkpointer.restore(latest, abstract)
+    pipeline.set_state(data_state)
+    logging.info("resuming from step %d", latest)
+  elif config.init_from:
+    state = trainer.init()
+    state = state.replace(params=ckpt_lib.load_params(config.init_from, abstract.params))
+    logging.info("initialized parameters from %s", config.init_from)
+  else:
+    state = trainer.init()
+  start = int(jax.device_get(state.step))
+
+  writer = MetricsWriter(workdir, enabled=jax.process_index() == 0, truncate_after=start)
+  if jax.process_index() == 0:
+    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+  preempted = []
+  signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+
+  seq_len = config.data.seq_len
+  fpt = flops.flops_per_token(config.model, seq_len, masking.max_predictions(config.masking, seq_len))
+  peak = _peak_flops(config)
+  key = jax.random.key(config.seed)
+  eval_key = jax.random.fold_in(jax.random.key(config.seed), 2**31 - 1)
+  logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.1fM parameters",
+               start, t.steps, t.batch_size, seq_len, dict(mesh.shape),
+               sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
+
+  last = {}
+  sums, since, t_last = None, 0, time.perf_counter()
+  t_start, bad_in_a_row = t_last, 0
+  step = start
+  while step < t.steps:
+    batch = sharding.global_batch(next(pipeline), trainer.batch_sharding)
+    state, m = trainer.train_step(state, batch, key)
+    sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+    step += 1
+    since += 1
+    final = step == t.steps or bool(preempted)
+
+    if step % t.log_every == 0 or final:
+      host = jax.device_get(sums)
+      now = time.perf_counter()
+      tokens_per_sec = since * t.batch_size * seq_len / (now - t_last)
+      rates = objectives.summarize(host)
+      last = dict(step=step, loss=float(rates["loss"]), accuracy=float(rates["accuracy"]),
+                  learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
+                  tokens_per_sec=tokens_per_sec, mfu=tokens_per_sec * fpt / peak,
+                  skipped_nonfinite=int(since - host["finite"]))
+      eta = (t.steps - step) * (now - t_start) / max(step - start, 1)
+      writer.write(last)
+      logging.info("step %d/%d  loss %.4f  acc %.3f  lr %.2e  %.0f tok/s  MFU %.1f%%  ETA %s", step, t.steps,
+                   last["loss"], last["accuracy"], last["learning_rate"], tokens_per_sec, 100 * last["mfu"],
+                   time.strftime("%H:%M:%S", time.gmtime(eta)))
+      if last["skipped_nonfinite"] and t.nonfinite == "stop":
+        raise TrainError(f"non-finite loss or gradient at step <= {step} (train.nonfinite='stop'); the last "
+                         "checkpoint is intact. Lower optimizer.learning_rate or set train.nonfinite='skip'")
+      # Skipped steps in a row (as far as log intervals tell): a run that only skips has diverged.
+      bad_in_a_row = bad_in_a_row + since if last["skipped_nonfinite"] == since else last["skipped_nonfinite"]
+      if bad_in_a_row >= t.max_consecutive_nonfinite:
+        raise TrainError(f"{bad_in_a_row} consecutive non-finite steps up to step {step}: training diverged; "
+                         "the last checkpoint is intact. Lower optimizer.learning_rate")
+      sums, since, t_last = None, 0, time.perf_counter()
+
+    if step % t.eval_every == 0 or step == t.steps:
+      ev = _evaluate(trainer, state.params, eval_factory, t.eval_batches, eval_key)
+      writer.write(dict(step=step, **ev))
+      logging.info("step %d  eval loss %.4f  acc %.3f  ppl %.2f", step, ev["eval_loss"], ev["eval_accuracy"],
+                   ev["eval_perplexity"])
+      last.update(ev)
+      t_last = time.perf_counter()   # evaluation time is not training throughput
+
+    if step % t.save_every == 0 or final:
+      if float(jax.device_get(m["finite"])) and ckpt_lib.all_finite(state.params):
+        checkpointer.save(step, state, pipeline.get_state())
+      elif t.nonfinite == "stop":
+        raise TrainError(f"the loss or parameters are not finite at step {step}: refusing to write a "
+                         "checkpoint; the last checkpoint is intact. Lower optimizer.learning_rate")
+      else:
+        logging.warning("step %d: loss or parameters not finite, checkpoint not written", step)
+    if preempted:
+      logging.info("SIGTERM: saved step %d, exiting", step)
+      break
+
+  checkpointer.close()
+  writer.close()
+  return last
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None or not _WORKDIR.value:
+    raise app.UsageError("--config and --workdir are required")
+  logging.set_verbosity(logging.INFO)
+  sharding.initialize_distributed()
+  try:
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (TrainError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:
+    logging.error("%s", e)
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+_PARSED = []
+
+
+def run():
+  """Console-script entry point (`mlm-jax-train`)."""
+  try:
+    app.run(lambda argv: (_PARSED.append(True), main(argv))[1])
+  except (KeyError, AttributeError, TypeError, ValueError) as e:
+    if _PARSED:
+      raise
+    # Raised while absl parses the --config.* overrides into the locked ConfigDict: a key that
+    # does not exist. One line, naming the flag.
+    bad = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    print(f"error: bad config override {bad}: unknown key {' '.join(str(msg).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  run()

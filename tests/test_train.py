@@ -1,0 +1,205 @@
+"""The training binary end to end, as a user runs it: subprocesses of `python -m mlm_jax.train`.
+
+Runs use the demo config shrunk to a 2-layer, 64-wide model on the demo corpus (Python's docs),
+with one tokenizer trained once per session, so each run takes seconds.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def corpus_and_tokenizer(tmp_path_factory):
+  from mlm_jax import demo_corpus
+  from mlm_jax.data import tokenizer
+  root = tmp_path_factory.mktemp("demo_data")
+  path = demo_corpus.write(str(root / "corpus"), max_bytes=600_000)
+  tok = tokenizer.train([path], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
+  return path, tok.model_path
+
+
+def _env():
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)          # one CPU device per run
+  env["JAX_PLATFORMS"] = "cpu"
+  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  return env
+
+
+def _cmd(workdir, data, *overrides, steps=12):
+  corpus, spm = data
+  base = [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
+          "--config.demo_corpus=False", f"--config.data.sources=('docs={corpus}',)",
+          f"--config.data.tokenizer={spm}", "--config.data.seq_len=64", "--config.data.shuffle_buffer=100",
+          "--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.model.num_heads=2",
+          "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
+          "--config.train.batch_size=8", f"--config.train.steps={steps}", "--config.train.log_every=1",
+          "--config.train.eval_every=1000", "--config.train.eval_batches=2",
+          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2"]
+  return base + list(overrides)
+
+
+def _run(cmd, timeout=300):
+  return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _losses(workdir):
+  out = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      d = json.loads(line)
+      if "loss" in d:
+        assert d["step"] not in out, f"step {d['step']} logged twice"
+        out[d["step"]] = d["loss"]
+  return out
+
+
+def _steps(workdir):
+  d = os.path.join(workdir, "checkpoints")
+  return sorted(int(x) for x in os.listdir(d) if x.isdigit()) if os.path.isdir(d) else []
+
+
+def _error_line(proc):
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1, proc.stderr[-3000:]
+  return lines[0]
+
+
+def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer):
+  n = 6
+  straight = tmp_path / "straight"
+  p = _run(_cmd(straight, corpus_and_tokenizer, f"--config.train.save_every={n}", steps=2 * n))
+  assert p.returncode == 0, p.stderr[-3000:]
+  ref = _losses(straight)
+  assert sorted(ref) == list(range(1, 2 * n + 1))
+
+  # Same command; kill -9 once checkpoint n is committed and training has gone past it.
+  # Evaluating every step slows the steps down so the kill lands mid-run.
+  killed = tmp_path / "killed"
+  cmd = _cmd(killed, corpus_and_tokenizer, f"--config.train.save_every={n}",
+             "--config.train.eval_every=1", "--config.train.eval_batches=8", steps=2 * n)
+  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
+      proc.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.02)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+  assert max(_losses(killed)) < 2 * n
+
+  p = _run(cmd)
+  assert p.returncode == 0, p.stderr[-3000:]
+  got = _losses(killed)
+  assert sorted(got) == list(range(1, 2 * n + 1))
+  for s in range(n + 1, 2 * n + 1):
+    assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
+
+
+def test_sigterm_saves_current_step_and_rerun_continues(tmp_path, corpus_and_tokenizer):
+  wd = tmp_path / "run"
+  cmd = _cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1000", "--config.train.eval_every=1",
+             "--config.train.eval_batches=8", steps=400)
+  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(wd / "metrics.jsonl") and max(_losses(wd), default=0) >= 3:
+      proc.send_signal(signal.SIGTERM)
+      break
+    time.sleep(0.05)
+  _, err = proc.communicate(timeout=240)
+  assert proc.returncode == 0, err[-3000:]
+  last_logged = max(_losses(wd))
+  assert _steps(wd) == [last_logged] and last_logged < 400
+
+  p = _run(cmd[:-1] + [f"--config.train.steps={last_logged + 2}"])
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert sorted(_losses(wd)) == list(range(1, last_logged + 3))
+  assert "resuming from step %d" % last_logged in p.stderr
+
+
+def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_tokenizer):
+  wd = tmp_path / "run"
+  # A wider model makes each save take long enough to be caught in the middle.
+  big = ["--config.model.hidden_size=256", "--config.model.intermediate_size=1024", "--config.model.num_heads=4"]
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", *big, steps=2))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert _steps(wd) == [2]
+  ckpt_dir = wd / "checkpoints"
+  caught = False
+  for _ in range(3):
+    proc = subprocess.Popen(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1", *big, steps=40),
+                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+      if any("tmp" in x for x in os.listdir(ckpt_dir)):
+        proc.send_signal(signal.SIGKILL)
+        caught = True
+        break
+    proc.wait()
+    if caught:
+      break
+  assert caught, "no save was in progress at any moment we looked"
+  committed = _steps(wd)
+  assert committed and committed[0] >= 2
+  # Every committed checkpoint restores: the rerun resumes from the newest one.
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=100", *big, steps=committed[-1] + 1))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"resuming from step {committed[-1]}" in p.stderr
+
+
+def test_config_typo_is_one_line_and_names_the_key(tmp_path, corpus_and_tokenizer):
+  p = _run(_cmd(tmp_path / "run", corpus_and_tokenizer, "--config.trian.steps=5"))
+  assert p.returncode != 0
+  assert "trian" in p.stderr.strip().splitlines()[-1], p.stderr[-2000:]
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_missing_corpus_is_one_line(tmp_path, corpus_and_tokenizer):
+  p = _run(_cmd(tmp_path / "run", corpus_and_tokenizer, "--config.data.sources=('docs=/nonexistent/*.txt',)"))
+  assert p.returncode == 1
+  assert "/nonexistent/*.txt" in _error_line(p)
+
+
+def test_checkpoint_of_another_shape_is_refused_and_kept(tmp_path, corpus_and_tokenizer):
+  wd = tmp_path / "run"
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", steps=2))
+  assert p.returncode == 0, p.stderr[-3000:]
+  before = sorted(str(x.relative_to(wd)) for x in (wd / "checkpoints").rglob("*"))
+  config_before = (wd / "config.json").read_text()
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.model.intermediate_size=96", steps=4))
+  assert p.returncode == 1
+  line = _error_line(p)
+  assert "wi_kernel" in line and "(64, 128)" in line and "(64, 96)" in line, line
+  assert sorted(str(x.relative_to(wd)) for x in (wd / "checkpoints").rglob("*")) == before
+  assert (wd / "config.json").read_text() == config_before
+
+
+@pytest.mark.parametrize("mode", ["skip", "stop"])
+def test_nonfinite_guard(tmp_path, corpus_and_tokenizer, mode):
+  wd = tmp_path / "run"
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", steps=2))
+  assert p.returncode == 0, p.stderr[-3000:]
+  # An absurd learning rate: the first update blows the weights up, every later loss is NaN.
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.optimizer.learning_rate=1e30", "--config.optimizer.clip_norm=0",
+                "--config.optimizer.warmup_steps=0", "--config.train.save_every=1",
+                f"--config.train.nonfinite={mode}", "--config.train.max_consecutive_nonfinite=3", steps=30))
+  assert p.returncode == 1
+  line = _error_line(p)
+  assert ("non-finite" in line or "not finite" in line) and "checkpoint is intact" in line, line
+  logged = [json.loads(l) for l in open(wd / "metrics.jsonl")]
+  skipped = sum(d.get("skipped_nonfinite", 0) for d in logged)
+  assert skipped >= (3 if mode == "skip" else 1)
+  # Steps whose loss was not finite were never saved.
+  import math
+  bad = {d["step"] for d in logged if "loss" in d and not math.isfinite(d["loss"])}
+  assert bad and not bad & set(_steps(wd))
