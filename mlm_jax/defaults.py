@@ -47,7 +47,6 @@ def default_config() -> ml_collections.ConfigDict:
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
   m.param_dtype = "float32"
   m.attention_impl = ""          # '' = per backend (cudnn on GPU, xla elsewhere)
-  m.scan_layers = False
   m.remat = "none"               # none | full | dots
 
   # ---- masking (mlm_jax/masking.py) ----

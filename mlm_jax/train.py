@@ -233,6 +233,9 @@ def main(argv):
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config and --workdir are required")
   logging.set_verbosity(logging.INFO)
+  # orbax logs every save phase at INFO; keep the console to the training lines and warnings.
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or "/orbax/" not in r.pathname)
   sharding.initialize_distributed()
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)

@@ -1,0 +1,97 @@
+"""Model variants from the config: modern options, remat, bf16 compute."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mlm_jax.defaults import default_config
+from mlm_jax.model import Encoder, dropout
+
+
+def _cfg(**kw):
+  c = default_config().model
+  c.update(dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0), **kw)
+  return c
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(4, 97, (3, 16)), jnp.int32)
+  seg = jnp.asarray(np.repeat([[1] * 10 + [2] * 4 + [0] * 2], 3, 0), jnp.int32)
+  pos = jnp.asarray(np.repeat([list(range(10)) + list(range(4)) + [0, 0]], 3, 0), jnp.int32)
+  return ids, seg, pos
+
+
+def _loss(model, ids, seg, pos):
+  h = model(ids, seg, pos)
+  return (model.mlm_logits(h) ** 2).mean()
+
+
+@pytest.mark.parametrize("opts", [dict(norm="pre"), dict(positions="rotary"), dict(mlp="geglu"),
+                                  dict(norm="pre", positions="rotary", mlp="geglu", use_pooler=True)])
+def test_modern_options_run_and_differentiate(opts):
+  model = Encoder(_cfg(**opts))
+  ids, seg, pos = _inputs()
+  grads = nnx.grad(_loss)(model, ids, seg, pos)
+  leaves = jax.tree.leaves(grads)
+  assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
+  assert sum(float(jnp.abs(g).sum()) > 0 for g in leaves) >= len(leaves) - 2
+  if opts.get("use_pooler"):
+    assert model.pool(model(ids, seg, pos)).shape == (3, 32)
+
+
+def test_documents_do_not_attend_to_each_other():
+  """Changing document 2 of a row leaves document 1's hidden states unchanged (segment masks)."""
+  model = Encoder(_cfg())
+  ids, seg, pos = _inputs()
+  other = ids.at[:, 10:14].set(5)
+  a, b = model(ids, seg, pos), model(other, seg, pos)
+  np.testing.assert_allclose(a[:, :10], b[:, :10], atol=1e-6)
+  assert not np.allclose(a[:, 10:14], b[:, 10:14])
+
+
+def test_rotary_is_relative():
+  """With rotary positions, shifting every position by the same amount changes nothing."""
+  model = Encoder(_cfg(positions="rotary"))
+  ids, seg, pos = _inputs()
+  np.testing.assert_allclose(model(ids, seg, pos), model(ids, seg, pos + 7), atol=1e-5)
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_gives_the_same_gradients(remat):
+  ids, seg, pos = _inputs()
+  g0 = nnx.grad(_loss)(Encoder(_cfg()), ids, seg, pos)
+  g1 = nnx.grad(_loss)(Encoder(_cfg(remat=remat)), ids, seg, pos)
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_bf16_compute_keeps_fp32_params_and_logits():
+  c = _cfg(dtype="bfloat16")
+  model = Encoder(c)
+  ids, seg, pos = _inputs()
+  h = model(ids, seg, pos)
+  assert h.dtype == jnp.bfloat16
+  assert model.mlm_logits(h).dtype == jnp.float32
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  ref = Encoder(_cfg())(ids, seg, pos)
+  np.testing.assert_allclose(np.asarray(h, np.float32), ref, atol=0.1)
+
+
+def test_dropout_rate_and_scale():
+  x = jnp.ones((256, 1024))
+  y = dropout(x, 0.1, jax.random.key(0))
+  dropped = float((y == 0).mean())
+  assert abs(dropped - 0.1) < 0.005
+  np.testing.assert_allclose(float(y.mean()), 1.0, atol=0.01)
+  assert not np.array_equal(np.asarray(y), np.asarray(dropout(x, 0.1, jax.random.key(1))))
+  assert dropout(x, 0.1, None) is x
+
+
+def test_bad_model_config_is_named():
+  with pytest.raises(ValueError, match="model.norm='mid'"):
+    Encoder(_cfg(norm="mid"))
+  with pytest.raises(ValueError, match="not divisible by model.num_heads=5"):
+    Encoder(_cfg(num_heads=5))
