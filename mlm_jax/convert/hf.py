@@ -183,12 +183,23 @@ def fill(template, flat: Mapping[str, np.ndarray]):
 
 def params_from_hf(state_dict: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, arch: str,
                    template) -> object:
-  """HF state dict (numpy) -> our params, in the structure of `template`; tensors checked by name."""
+  """HF state dict (numpy) -> our params, in the structure of `template`; tensors checked by name.
+
+  Each HF tensor's shape is compared with the one the config implies before it is reshaped, so a
+  mismatch names both the HF tensor and our parameter instead of failing inside a reshape.
+  """
+  shapes = {_path_str(path): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(template)}
   flat = {}
-  for ours, theirs, to_ours, _ in mapping(cfg, arch):
+  for ours, theirs, to_ours, to_hf in mapping(cfg, arch):
     if theirs not in state_dict:
       raise KeyError(f"HF checkpoint has no tensor {theirs} (needed for {ours})")
-    flat[ours] = to_ours(np.asarray(state_dict[theirs]))
+    value = np.asarray(state_dict[theirs])
+    if ours in shapes:
+      want = tuple(jax.eval_shape(to_hf, jax.ShapeDtypeStruct(shapes[ours], np.float32)).shape)
+      if tuple(value.shape) != want:
+        raise ValueError(f"parameter {ours}: shape {tuple(value.shape)} of HF tensor {theirs} does not match "
+                         f"the config's {want}")
+    flat[ours] = to_ours(value)
   return fill(template, flat)
 
 
