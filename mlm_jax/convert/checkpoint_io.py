@@ -1,0 +1,400 @@
+"""Whole-folder conversion: a training workdir <-> a Hugging Face transformers masked-LM folder.
+
+`hf.py` maps tensors; this module reads and writes the folders around them:
+
+* `to_hf(workdir, out)`: WORKDIR/config.json + WORKDIR/checkpoints/<step> + the run's tokenizer ->
+  config.json, model.safetensors (never pickle) and tokenizer files (hf_tokenizer.py) that
+  `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained` load. Parameters are restored onto one
+  device whatever mesh wrote them, so a pod checkpoint converts on a laptop CPU.
+* `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R masked LM (safetensors, or a
+  pytorch_model.bin read with `torch.load(weights_only=True)`) -> OUT/config.json, an orbax
+  checkpoint at OUT/checkpoints/0 whose 'state' item has our `params` subtree (what
+  `config.init_from` / `checkpoint.load_params` reads) and OUT/tokenizer/spm.model when the folder
+  carries a sentencepiece model we can express in our layouts.
+
+Everything is read, converted and checked in memory before the first byte is written, and an
+existing non-empty output folder is refused unless `overwrite`, so a failed conversion never
+leaves a half-written folder or clobbers one. Errors are `ConversionError`s with one line naming
+the file, tensor or value.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import ml_collections
+from sentencepiece import sentencepiece_model_pb2
+
+from mlm_jax.convert import hf, hf_tokenizer
+from mlm_jax.data import tokenizer as tok_lib
+
+_Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
+
+
+class ConversionError(ValueError):
+  """A problem with the user's input (files, names, shapes); printed as one line."""
+
+
+# ------------------------------------------------------------------------------------------
+# Our side: workdirs
+# ------------------------------------------------------------------------------------------
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """WORKDIR/config.json (written by the training binary or by `from_hf`) as a ConfigDict."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isdir(workdir):
+    raise ConversionError(f"workdir {workdir}: no such directory")
+  if not os.path.exists(path):
+    raise ConversionError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
+  with open(path, encoding="utf-8") as f:
+    try:
+      return ml_collections.ConfigDict(json.load(f))
+    except json.JSONDecodeError as e:
+      raise ConversionError(f"{path}: not valid JSON ({e})") from None
+
+
+def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
+  """The run's sentencepiece model: `data.tokenizer`, or the one the run trained into WORKDIR/tokenizer."""
+  path = config.data.tokenizer if "data" in config and config.data.get("tokenizer") else ""
+  return path or os.path.join(workdir, "tokenizer", "spm.model")
+
+
+def load_tokenizer(path: str, vocab_size: int | None = None) -> tok_lib.Tokenizer:
+  if "://" not in path and not os.path.exists(path):
+    raise ConversionError(f"tokenizer model {path}: missing")
+  try:
+    tok = tok_lib.load(path)
+  except (OSError, ValueError) as e:
+    raise ConversionError(str(e)) from None
+  if vocab_size is not None and tok.vocab_size != vocab_size:
+    raise ConversionError(f"vocab size mismatch: the model has vocab_size={vocab_size} but the tokenizer "
+                          f"{path} has {tok.vocab_size} pieces")
+  return tok
+
+
+def _single_device(tree):
+  dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
+
+
+def _reader(directory: str):
+  """A CheckpointManager that only reads: item handlers given up front, so that item metadata
+  (shapes of every saved array) is available in a fresh process before anything is restored."""
+  import orbax.checkpoint as ocp
+  options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+  return ocp.CheckpointManager(directory, options=options, item_handlers=dict(
+      state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
+
+
+def _key(path) -> str:
+  return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def restore_params(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None):
+  """(graphdef, params on one device, step) from WORKDIR/checkpoints, written by any mesh."""
+  import orbax.checkpoint as ocp
+  from mlm_jax import step as step_lib
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  if not os.path.isdir(directory):
+    raise ConversionError(f"{directory}: missing (no checkpoint was saved in {workdir})")
+  try:
+    graphdef, abstract = step_lib.abstract_model(model_cfg)
+  except ValueError as e:
+    raise ConversionError(f"{workdir}/config.json: {e}") from None
+  manager = _reader(directory)
+  try:
+    steps = list(manager.all_steps())
+    if not steps:
+      raise ConversionError(f"{directory}: no checkpoint")
+    step = max(steps) if step is None else int(step)
+    if step not in steps:
+      raise ConversionError(f"{directory}: no checkpoint for step {step} (have {', '.join(map(str, sorted(steps)))})")
+    meta = manager.item_metadata(step)["state"]
+    saved = {_key(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta) if hasattr(m, "shape")}
+    for path, leaf in jax.tree_util.tree_leaves_with_path({"params": abstract}):
+      name = _key(path)
+      if name not in saved:
+        raise ConversionError(f"{directory}/{step} has no array {name}: config.json does not describe the model "
+                              "that wrote it")
+      if saved[name] != tuple(leaf.shape):
+        raise ConversionError(f"{directory}/{step}: {name} has shape {saved[name]}, but config.json builds "
+                              f"{tuple(leaf.shape)}")
+    # The rest of the state (optimizer moments, counters) comes along onto the same device:
+    # orbax restores whole items, and it is a few times the parameters at most.
+    state = dict(_single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)))
+    state["params"] = _single_device(abstract)
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state)))
+  finally:
+    manager.close()
+  return graphdef, restored.state["params"], step
+
+
+def default_arch(model_cfg: ml_collections.ConfigDict) -> str:
+  """BERT when positions start at 0, else XLM-R (RoBERTa's code with a sentencepiece vocabulary)."""
+  return "bert" if model_cfg.position_offset == 0 else "xlm-roberta"
+
+
+def _check_out(out: str, overwrite: bool) -> None:
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ConversionError(f"--out {out} exists and is not a directory")
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise ConversionError(f"--out {out} exists and is not empty; refusing to write into it (pass --overwrite "
+                          "to replace the converted files, other files are kept)")
+
+
+def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = None,
+          overwrite: bool = False) -> dict:
+  """Writes an HF folder from a workdir; returns a summary (step, arch, files)."""
+  from safetensors.numpy import save_file
+  _check_out(out, overwrite)
+  config = read_config(workdir)
+  mcfg = config.model
+  tok = load_tokenizer(tokenizer_path(workdir, config), mcfg.vocab_size)
+  arch = arch or default_arch(mcfg)
+  if arch not in hf.ARCHS:
+    raise ConversionError(f"unknown architecture --arch={arch!r}: expected one of {', '.join(hf.ARCHS)}")
+  try:
+    hcfg = hf.hf_config(mcfg, arch, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
+  except ValueError as e:
+    raise ConversionError(str(e)) from None
+  _, params, step = restore_params(workdir, mcfg, step)
+  state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.params_to_hf(params, mcfg, arch).items()}
+  if mcfg.type_vocab_size == 0:
+    # Our model has no token types; transformers always adds one: a zero row changes nothing.
+    prefix = "bert" if arch == "bert" else "roberta"
+    state_dict[f"{prefix}.embeddings.token_type_embeddings.weight"] = np.zeros((1, mcfg.hidden_size), np.float32)
+  hcfg.update(dtype="float32", mask_token_id=tok.mask_id)
+
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(hcfg, f, indent=2, sort_keys=True)
+  save_file(state_dict, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+  files = ["config.json", "model.safetensors"]
+  files += hf_tokenizer.write(tok, out, model_max_length=mcfg.max_position_embeddings - mcfg.position_offset)
+  return dict(step=step, arch=arch, files=files, out=out)
+
+
+# ------------------------------------------------------------------------------------------
+# Their side: Hugging Face folders
+# ------------------------------------------------------------------------------------------
+def read_hf_config(hf_dir: str) -> dict:
+  if not os.path.isdir(hf_dir):
+    raise ConversionError(f"HF folder {hf_dir}: no such directory")
+  path = os.path.join(hf_dir, "config.json")
+  if not os.path.exists(path):
+    raise ConversionError(f"{path}: missing (not a transformers model folder)")
+  with open(path, encoding="utf-8") as f:
+    hcfg = json.load(f)
+  if hcfg.get("model_type") not in hf.ARCHS:
+    raise ConversionError(f"{path}: unknown architecture model_type={hcfg.get('model_type')!r}: expected one "
+                          f"of {', '.join(hf.ARCHS)}")
+  return hcfg
+
+
+def _to_numpy(t) -> np.ndarray:
+  import torch
+  t = t.detach().cpu()
+  return (t.float() if t.is_floating_point() else t).numpy()
+
+
+def _read_safetensors(path: str) -> dict:
+  from safetensors import safe_open
+  out = {}
+  try:
+    with safe_open(path, framework="numpy") as f:
+      for k in f.keys():
+        out[k] = f.get_tensor(k)
+  except (TypeError, ValueError):  # bfloat16 has no numpy dtype: go through torch
+    with safe_open(path, framework="pt") as f:
+      for k in f.keys():
+        out[k] = _to_numpy(f.get_tensor(k))
+  return out
+
+
+def read_hf_weights(hf_dir: str) -> tuple[dict, str]:
+  """{tensor name: numpy array} and the file(s) read; pickle only via torch.load(weights_only=True)."""
+  single = os.path.join(hf_dir, "model.safetensors")
+  index = os.path.join(hf_dir, "model.safetensors.index.json")
+  binary = os.path.join(hf_dir, "pytorch_model.bin")
+  if os.path.exists(single):
+    return _read_safetensors(single), single
+  if os.path.exists(index):
+    with open(index, encoding="utf-8") as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for shard in shards:
+      p = os.path.join(hf_dir, shard)
+      if not os.path.exists(p):
+        raise ConversionError(f"{p}: missing (listed in {index})")
+      out.update(_read_safetensors(p))
+    return out, index
+  if os.path.exists(binary):
+    import torch
+    try:
+      sd = torch.load(binary, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - an unsafe or corrupt pickle: one line, never executed
+      raise ConversionError(f"{binary}: cannot be read with torch.load(weights_only=True): "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return {k: _to_numpy(v) for k, v in sd.items() if hasattr(v, "detach")}, binary
+  raise ConversionError(f"{hf_dir}: missing model.safetensors (or model.safetensors.index.json / "
+                        "pytorch_model.bin)")
+
+
+def _canonical_names(sd: dict, arch: str) -> dict:
+  """Older checkpoints' spellings (LayerNorm gamma/beta, the MLM bias under `decoder`) -> today's."""
+  out = {}
+  for k, v in sd.items():
+    if k.endswith(".gamma"):
+      k = k[:-len("gamma")] + "weight"
+    elif k.endswith(".beta"):
+      k = k[:-len("beta")] + "bias"
+    out[k] = v
+  bias = "cls.predictions.bias" if arch == "bert" else "lm_head.bias"
+  decoder_bias = "cls.predictions.decoder.bias" if arch == "bert" else "lm_head.decoder.bias"
+  if bias not in out and decoder_bias in out:
+    out[bias] = out[decoder_bias]
+  return out
+
+
+def fairseq_xlmr_to_ours(proto_bytes: bytes) -> bytes:
+  """transformers' XLM-R sentencepiece.bpe.model (fairseq ids = sentencepiece id + 1) in our xlmr layout.
+
+  fairseq puts <s> <pad> </s> <unk> at 0..3 and the model's own pieces from 3 on at id + 1, with
+  <mask> last; rewriting the piece list in that order makes sentencepiece itself produce
+  transformers' ids, with no shift anywhere else.
+  """
+  m = sentencepiece_model_pb2.ModelProto()
+  m.ParseFromString(proto_bytes)
+  pieces = list(m.pieces)
+  if len(pieces) < 3 or pieces[0].type != _Piece.UNKNOWN:
+    raise ConversionError("sentencepiece.bpe.model does not have fairseq's layout (<unk> <s> </s> first)")
+  rest = [(p.piece, p.score, p.type) for p in pieces[3:]]
+  del m.pieces[:]
+  for piece, typ in (("<s>", _Piece.CONTROL), ("<pad>", _Piece.CONTROL), ("</s>", _Piece.CONTROL),
+                     ("<unk>", _Piece.UNKNOWN)):
+    m.pieces.add(piece=piece, score=0.0, type=typ)
+  for piece, score, typ in rest:
+    m.pieces.add(piece=piece, score=score, type=typ)
+  m.pieces.add(piece="<mask>", score=0.0, type=_Piece.CONTROL)
+  spec = m.trainer_spec
+  spec.bos_id, spec.pad_id, spec.eos_id, spec.unk_id = 0, 1, 2, 3
+  spec.vocab_size = len(m.pieces)
+  return m.SerializeToString()
+
+
+def find_hf_tokenizer(hf_dir: str) -> tuple[bytes, dict] | None:
+  """(sentencepiece model bytes, special ids JSON) for a folder's tokenizer, or None.
+
+  Our own export carries spm.model; transformers' XLM-R folders carry fairseq's
+  sentencepiece.bpe.model. WordPiece (BERT) and byte-level BPE (RoBERTa) vocabularies have no
+  sentencepiece equivalent: continue pretraining those needs a --tokenizer of the same size.
+  """
+  ours = os.path.join(hf_dir, hf_tokenizer.SPM_FILE)
+  if os.path.exists(ours):
+    with open(ours, "rb") as f:
+      proto = f.read()
+    ids_path = tok_lib.special_ids_path(ours)
+    ids = None
+    if os.path.exists(ids_path):
+      with open(ids_path, encoding="utf-8") as f:
+        ids = json.load(f)
+    return proto, ids
+  fairseq = os.path.join(hf_dir, "sentencepiece.bpe.model")
+  if os.path.exists(fairseq):
+    with open(fairseq, "rb") as f:
+      proto = fairseq_xlmr_to_ours(f.read())
+    n = sentencepiece_model_pb2.ModelProto.FromString(proto).pieces
+    return proto, dict(layout="xlmr", bos_id=0, pad_id=1, eos_id=2, unk_id=3, mask_id=len(n) - 1)
+  return None
+
+
+def model_config(hcfg: dict) -> ml_collections.ConfigDict:
+  from mlm_jax.defaults import default_config
+  try:
+    return hf.model_config_from_hf(hcfg, default_config().model)
+  except (KeyError, ValueError) as e:
+    raise ConversionError(f"HF config.json: {e}") from None
+
+
+def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str):
+  """(graphdef, params) from an HF state dict, every tensor's presence and shape checked by name."""
+  from mlm_jax import step as step_lib
+  graphdef, abstract = step_lib.abstract_model(mcfg)
+  sd = _canonical_names(sd, arch)
+  try:
+    return graphdef, hf.params_from_hf(sd, mcfg, arch, abstract)
+  except (KeyError, ValueError) as e:
+    raise ConversionError(e.args[0] if e.args else str(e)) from None
+
+
+def train_overrides(mcfg: ml_collections.ConfigDict) -> list[str]:
+  """The `--config.model.*` flags that make a training config build this model."""
+  keys = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
+          "type_vocab_size", "position_offset", "layer_norm_eps", "positions", "norm", "mlp", "use_pooler")
+  return [f"--config.model.{k}={mcfg[k]}" for k in keys]
+
+
+def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool = False) -> dict:
+  """Writes OUT/{config.json, checkpoints/0, tokenizer/spm.model}; returns a summary with the train flags."""
+  from mlm_jax import checkpoint as ckpt_lib
+  from mlm_jax.defaults import default_config
+  _check_out(out, overwrite)
+  ckpt_dir = os.path.join(out, "checkpoints")
+  if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+    # Even with --overwrite: checkpoints are never deleted by a conversion (it may be a training workdir).
+    raise ConversionError(f"{ckpt_dir} exists and is not empty; refusing to replace checkpoints (remove it "
+                          "yourself or choose another --out)")
+  hcfg = read_hf_config(hf_dir)
+  arch = hcfg["model_type"]
+  mcfg = model_config(hcfg)
+  sd, source = read_hf_weights(hf_dir)
+  _, params = params_from_state_dict(sd, mcfg, arch)
+
+  tok_files = None
+  if tokenizer:
+    load_tokenizer(tokenizer, mcfg.vocab_size)
+    ids_path = tok_lib.special_ids_path(tokenizer)
+    with open(tokenizer, "rb") as f:
+      proto = f.read()
+    ids = json.load(open(ids_path, encoding="utf-8")) if os.path.exists(ids_path) else None
+    tok_files = (proto, ids)
+  else:
+    tok_files = find_hf_tokenizer(hf_dir)
+  if tok_files is not None:
+    n = len(sentencepiece_model_pb2.ModelProto.FromString(tok_files[0]).pieces)
+    if n != mcfg.vocab_size:
+      raise ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} but "
+                            f"its sentencepiece tokenizer has {n} pieces")
+
+  config = default_config()
+  config.model.update(mcfg.to_dict())
+  config.init_from = os.path.abspath(out)
+  spm_path = os.path.join(os.path.abspath(out), "tokenizer", "spm.model")
+  if tok_files is not None:
+    config.data.tokenizer = spm_path
+    if tok_files[1]:
+      config.tokenizer.layout = tok_files[1]["layout"]
+  config.tokenizer.vocab_size = mcfg.vocab_size
+
+  os.makedirs(out, exist_ok=True)
+  if tok_files is not None:
+    os.makedirs(os.path.dirname(spm_path), exist_ok=True)
+    with open(spm_path, "wb") as f:
+      f.write(tok_files[0])
+    if tok_files[1]:
+      with open(tok_lib.special_ids_path(spm_path), "w", encoding="utf-8") as f:
+        json.dump(tok_files[1], f, indent=1, sort_keys=True)
+    load_tokenizer(spm_path, mcfg.vocab_size)   # the written pair loads and agrees
+  ckpt = ckpt_lib.Checkpointer(out, keep=1, async_save=False)
+  state = {"params": jax.tree.map(jnp.asarray, params), "step": jnp.zeros((), jnp.int32)}
+  ckpt.save(0, state, {"from_hf": os.path.abspath(hf_dir), "weights": os.path.basename(source)})
+  ckpt.close()
+  with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  flags = [f"--config.init_from={config.init_from}"] + train_overrides(mcfg)
+  if tok_files is not None:
+    flags.append(f"--config.data.tokenizer={spm_path}")
+  return dict(arch=arch, out=out, weights=source, tokenizer=spm_path if tok_files is not None else None,
+              train_flags=flags)

@@ -1,0 +1,129 @@
+"""A trained encoder plus its tokenizer, ready to predict masked tokens (tools/fill_mask.py).
+
+Two sources give the same object: a training workdir (or a `from_hf` output folder), restored
+onto one device whatever mesh wrote it, and a Hugging Face transformers folder, converted in
+memory with `convert.hf.params_from_hf` and run by our JAX model - not by torch - so the tool
+checks the conversion as much as it shows predictions.
+
+Text is tokenized as the training pipeline does: BOS + pieces + EOS, and each mask token string
+becomes the mask id. The text is split on the mask string and the parts are encoded separately,
+which is also how the exported HF tokenizer treats its added mask token (convert/hf_tokenizer.py),
+so both give the same ids.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import ml_collections
+
+from mlm_jax.convert import checkpoint_io as cio
+from mlm_jax.data import tokenizer as tok_lib
+
+# Accepted in text for any layout, besides the tokenizer's own mask piece ("[MASK]" for BERT).
+MASK_STRING = "<mask>"
+
+
+@dataclasses.dataclass
+class MaskedLM:
+  model: object                      # mlm_jax.model.Encoder holding the parameters
+  tokenizer: tok_lib.Tokenizer
+  model_config: ml_collections.ConfigDict
+  source: str                        # what was loaded, for messages
+
+
+def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
+  from flax import nnx
+  config = cio.read_config(workdir)
+  mcfg = config.model
+  tok = cio.load_tokenizer(cio.tokenizer_path(workdir, config), mcfg.vocab_size)
+  graphdef, params, step = cio.restore_params(workdir, mcfg, step)
+  return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
+
+
+def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
+  """An HF folder run by our model; its tokenizer is its spm.model / sentencepiece.bpe.model, or `tokenizer`."""
+  from flax import nnx
+  hcfg = cio.read_hf_config(hf_dir)
+  mcfg = cio.model_config(hcfg)
+  if tokenizer:
+    tok = cio.load_tokenizer(tokenizer, mcfg.vocab_size)
+  else:
+    found = cio.find_hf_tokenizer(hf_dir)
+    if found is None:
+      raise cio.ConversionError(f"{hf_dir}: missing tokenizer (no {cio.hf_tokenizer.SPM_FILE} or "
+                                "sentencepiece.bpe.model); pass --tokenizer=PATH.model")
+    tok = _tokenizer_from_bytes(*found, where=hf_dir)
+    if tok.vocab_size != mcfg.vocab_size:
+      raise cio.ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} "
+                                f"but its tokenizer has {tok.vocab_size} pieces")
+  sd, _ = cio.read_hf_weights(hf_dir)
+  graphdef, params = cio.params_from_state_dict(sd, mcfg, hcfg["model_type"])
+  return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
+
+
+def _tokenizer_from_bytes(proto: bytes, ids: dict | None, where: str) -> tok_lib.Tokenizer:
+  """Loads through `tokenizer.load` (the one place special ids are decided) from a scratch copy."""
+  import json
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "spm.model")
+    with open(path, "wb") as f:
+      f.write(proto)
+    if ids:
+      with open(tok_lib.special_ids_path(path), "w", encoding="utf-8") as f:
+        json.dump(ids, f)
+    tok = cio.load_tokenizer(path)
+  return dataclasses.replace(tok, model_path=where)
+
+
+def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], list[int]]:
+  """(ids with BOS/EOS, indices of the mask tokens); raises ValueError when the text has no mask."""
+  strings = sorted({MASK_STRING, tok.id_to_piece(tok.mask_id)}, key=len, reverse=True)
+  parts = re.split("|".join(re.escape(s) for s in strings), text)
+  if len(parts) == 1:
+    raise ValueError(f"no mask token in {text!r}: write {' or '.join(repr(s) for s in strings)} where a "
+                     "token should be predicted")
+  ids, masks = [tok.bos_id], []
+  for i, part in enumerate(parts):
+    if i:
+      masks.append(len(ids))
+      ids.append(tok.mask_id)
+    ids += tok.encode(part)
+  ids.append(tok.eos_id)
+  return ids, masks
+
+
+def fill_mask(lm: MaskedLM, text: str, top_k: int = 5) -> dict:
+  """{'text', 'ids', 'masks': [{'position', 'predictions': [{'token', 'piece', 'id', 'probability'}]}]}."""
+  tok, cfg = lm.tokenizer, lm.model_config
+  ids, masks = encode_with_masks(tok, text)
+  limit = cfg.max_position_embeddings - cfg.position_offset if cfg.positions == "learned" else None
+  if limit is not None and len(ids) > limit:
+    raise ValueError(f"text is {len(ids)} tokens long; the model takes at most {limit}")
+  x = jnp.asarray([ids], jnp.int32)
+  hidden = lm.model(x, jnp.ones_like(x), jnp.arange(len(ids), dtype=jnp.int32)[None], None)
+  logits = lm.model.mlm_logits(hidden[0, jnp.asarray(masks)])
+  probs = np.asarray(jax.device_get(jax.nn.softmax(logits.astype(jnp.float32), axis=-1)))
+  k = max(1, min(int(top_k), probs.shape[-1]))
+  out = []
+  for pos, p in zip(masks, probs):
+    best = np.argsort(-p, kind="stable")[:k]
+    out.append(dict(position=pos, predictions=[
+        dict(token=tok.decode([int(i)]), piece=tok.id_to_piece(int(i)), id=int(i), probability=float(p[i]))
+        for i in best]))
+  return dict(text=text, ids=ids, masks=out)
+
+
+def load(workdir: str | None = None, hf_dir: str | None = None, step: int | None = None,
+         tokenizer: str | None = None) -> MaskedLM:
+  if bool(workdir) == bool(hf_dir):
+    raise ValueError("give exactly one of --workdir or --hf_dir")
+  if workdir:
+    return from_workdir(workdir, step)
+  return from_hf_dir(hf_dir, tokenizer)
+

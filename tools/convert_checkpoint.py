@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""Convert checkpoints between mlm_jax and Hugging Face transformers (BERT / RoBERTa / XLM-R masked LMs).
+
+  python tools/convert_checkpoint.py to_hf --workdir=DIR [--step=N] --out=HF_DIR [--arch=bert|roberta|xlm-roberta]
+  python tools/convert_checkpoint.py from_hf --hf_dir=HF_DIR --out=DIR [--tokenizer=spm.model]
+
+to_hf writes config.json, model.safetensors and tokenizer files (tokenizer.json and friends, plus
+the sentencepiece model) that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
+`pipeline("fill-mask")` load, with exactly our token ids. It runs on one CPU whatever mesh wrote
+the checkpoint. --arch defaults to bert for models with positions from 0, else xlm-roberta.
+
+from_hf reads a transformers folder (model.safetensors; a pytorch_model.bin only with
+torch.load(weights_only=True)) and writes DIR/config.json, DIR/checkpoints/0 and, when the folder
+has a sentencepiece tokenizer (ours, or XLM-R's sentencepiece.bpe.model), DIR/tokenizer/spm.model.
+It prints the flags that continue pretraining from it:
+  python -m mlm_jax.train --config=configs/xlmr_base.py --workdir=RUN <printed flags> --config.data.sources=...
+
+Neither command writes into a non-empty --out unless --overwrite (checkpoints are never replaced);
+errors are one line on stderr and exit code 2.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _parser():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  sub = p.add_subparsers(dest="command", required=True)
+  t = sub.add_parser("to_hf", help="workdir -> transformers folder")
+  t.add_argument("--workdir", required=True, help="training workdir (or a from_hf output folder)")
+  t.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+  t.add_argument("--out", required=True, help="output folder for the transformers model")
+  t.add_argument("--arch", default=None, help="bert | roberta | xlm-roberta (default: from the model)")
+  t.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  f = sub.add_parser("from_hf", help="transformers folder -> checkpoint for config.init_from")
+  f.add_argument("--hf_dir", required=True, help="folder with config.json and model.safetensors")
+  f.add_argument("--out", required=True, help="output folder (config.json, checkpoints/0, tokenizer/)")
+  f.add_argument("--tokenizer", default=None,
+                 help="sentencepiece .model to pair with the weights (default: the folder's own, if any)")
+  f.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  return p
+
+
+def main(argv=None) -> int:
+  a = _parser().parse_args(argv)
+  from mlm_jax.convert import checkpoint_io as cio
+  try:
+    if a.command == "to_hf":
+      summary = cio.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite)
+      print(f"wrote {a.out} ({summary['arch']}, step {summary['step']}): {', '.join(summary['files'])}")
+    else:
+      summary = cio.from_hf(a.hf_dir, a.out, tokenizer=a.tokenizer, overwrite=a.overwrite)
+      print(f"wrote {a.out} from {summary['weights']} ({summary['arch']})")
+      if summary["tokenizer"] is None:
+        print("note: the HF folder has no sentencepiece tokenizer; pass --config.data.tokenizer=MODEL with "
+              "the same vocabulary size when training")
+      print("continue pretraining with:\n  python -m mlm_jax.train --config=CONFIG --workdir=RUN "
+            + " ".join(summary["train_flags"]) + " --config.data.sources=...")
+    print(json.dumps(summary, sort_keys=True))
+  except (cio.ConversionError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Top-k predictions for each <mask> in a text, from a training workdir or a transformers folder.
+
+  python tools/fill_mask.py --workdir=DIR "The <mask> of the list is returned." --top_k=5
+  python tools/fill_mask.py --hf_dir=HF_DIR "Paris is the <mask> of France." --json
+
+Write `<mask>` (or the tokenizer's own mask token, `[MASK]` for BERT-layout vocabularies) where a
+token should be predicted; several masks and several texts are fine. --hf_dir runs our JAX model
+on the transformers weights (converted in memory), not torch. Prints a table per mask, or with
+--json one JSON object as the last line:
+  {"source": ..., "results": [{"text", "ids", "masks": [{"position", "predictions":
+    [{"token", "piece", "id", "probability"}, ...]}]}]}
+Errors are one line on stderr and exit code 2.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _table(result) -> str:
+  lines = [f"text: {result['text']}"]
+  for n, m in enumerate(result["masks"], start=1):
+    lines.append(f"mask {n} (token {m['position']}):")
+    lines.append(f"  {'rank':>4}  {'token':<20} {'id':>7}  probability")
+    for r, p in enumerate(m["predictions"], start=1):
+      lines.append(f"  {r:>4}  {p['token']!r:<20} {p['id']:>7}  {p['probability']:.6f}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("text", nargs="+", help="text with one or more <mask>")
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--workdir", help="training workdir (or a from_hf output folder)")
+  src.add_argument("--hf_dir", help="transformers BERT / RoBERTa / XLM-R masked-LM folder")
+  p.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
+  p.add_argument("--tokenizer", default=None, help="sentencepiece .model for an --hf_dir without one")
+  p.add_argument("--top_k", type=int, default=5)
+  p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+  a = p.parse_args(argv)
+  if a.top_k < 1:
+    p.error("--top_k must be >= 1")
+
+  from mlm_jax import inference
+  from mlm_jax.convert.checkpoint_io import ConversionError
+  try:
+    lm = inference.load(workdir=a.workdir, hf_dir=a.hf_dir, step=a.step, tokenizer=a.tokenizer)
+    results = [inference.fill_mask(lm, t, a.top_k) for t in a.text]
+  except (ConversionError, ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if a.json:
+    print(json.dumps(dict(source=lm.source, results=results), ensure_ascii=False))
+  else:
+    print(f"model: {lm.source}")
+    print("\n\n".join(_table(r) for r in results))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
