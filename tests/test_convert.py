@@ -249,3 +249,22 @@ def test_never_writes_into_existing_output(tmp_path, spm, capsys):
   assert (out / "keep.txt").read_text() == "precious" and (out / "model.safetensors").exists()
   code, err = _cli(capsys, "from_hf", f"--hf_dir={src}", f"--out={ours}", "--overwrite")
   assert code == 2 and "checkpoints" in err[0], err
+
+
+def test_fill_mask_errors(tmp_path, spm, capsys):
+  fill_mask = _tool("fill_mask")
+  src = _save_hf(_hf_model("xlm-roberta"), tmp_path / "hf")   # weights only, no tokenizer files
+  capsys.readouterr()
+  assert fill_mask.main([f"--hf_dir={src}", "a <mask> b"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "missing tokenizer" in err[0], err
+  assert fill_mask.main([f"--hf_dir={src}", f"--tokenizer={spm['xlmr'].model_path}", "no mask here"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "no mask token" in err[0], err
+  assert fill_mask.main([f"--workdir={tmp_path / 'nowhere'}", "a <mask> b"]) == 2
+  assert "nowhere" in capsys.readouterr().err
+  # With the tokenizer given, the same folder predicts: probabilities of a distribution.
+  assert fill_mask.main([f"--hf_dir={src}", f"--tokenizer={spm['xlmr'].model_path}", "a <mask> b", "--json"]) == 0
+  preds = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"][0]["masks"][0]["predictions"]
+  assert len(preds) == 5 and 0 < sum(p["probability"] for p in preds) <= 1
+  assert all(a["probability"] >= b["probability"] for a, b in zip(preds, preds[1:]))

@@ -89,3 +89,27 @@ def test_auto_tokenizer_gives_our_ids(texts, tmp_path, layout, model_type):
     if tok.processor.is_byte(i) or i in tok.special_ids:
       continue
     assert theirs.decode([i]) == tok.decode([i]), (i, tok.id_to_piece(i))
+
+
+def test_xlmr_sentencepiece_bpe_model_is_read_with_transformers_ids(texts, tmp_path):
+  """A transformers XLM-R folder carries fairseq's sentencepiece.bpe.model (ids shifted by one);
+  from_hf / fill_mask --hf_dir rewrite it into our layout, giving transformers' own ids."""
+  import sentencepiece as spm
+  from mlm_jax.convert import checkpoint_io
+  train, held = texts
+  folder = tmp_path / "xlmr"
+  folder.mkdir()
+  # sentencepiece's defaults are fairseq's: <unk>=0 <s>=1 </s>=2, no <pad>.
+  spm.SentencePieceTrainer.train(input=",".join(train.values()), model_prefix=str(folder / "sentencepiece.bpe"),
+                                 vocab_size=1500, character_coverage=0.98, minloglevel=2)
+  theirs = transformers.XLMRobertaTokenizer.from_pretrained(str(folder))
+  proto, ids = checkpoint_io.find_hf_tokenizer(str(folder))
+  ours = inference._tokenizer_from_bytes(proto, ids, str(folder))  # noqa: SLF001
+  assert ours.vocab_size == len(theirs) == 1502
+  assert (ours.bos_id, ours.pad_id, ours.eos_id, ours.unk_id, ours.mask_id) == (
+      theirs.bos_token_id, theirs.pad_token_id, theirs.eos_token_id, theirs.unk_token_id, theirs.mask_token_id)
+  for line in held + ["Paris is the <mask> of France."]:
+    want = theirs(line)["input_ids"]
+    got = (inference.encode_with_masks(ours, line)[0] if "<mask>" in line
+           else [ours.bos_id] + ours.encode(line) + [ours.eos_id])
+    assert got == want, line
