@@ -14,7 +14,10 @@ def _docs(spec, **kw):
   src = sources.parse_sources([f"s={spec}"], kw.pop("tfds_data_dir", ""))[0]
   stats = kw.pop("stats", None)
   ds = src.documents(stats=stats, **kw)
-  return [d.decode("utf-8") if isinstance(d, bytes) else d.tolist() for d in ds.as_numpy_iterator()]
+  if src.tokenized:
+    return [d.tolist() for d in ds.as_numpy_iterator()]
+  # Batched: per-element Python iteration costs more than reading the text.
+  return [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
 
 
 def _lines(path, field=None):
@@ -215,7 +218,7 @@ def test_empty_files_and_documents_skipped_and_counted(tmp_path):
   stats = sources.Stats()
   assert _docs(f"{tmp_path}/*", stats=stats) == ["one", "two"]
   assert stats.as_dict() == dict(empty_files=2, empty_docs=3, invalid_utf8_lines=0,
-                                 long_docs_split=0)
+                                 long_docs_split=0, long_blocks_split=0)
   assert sorted(stats.empty_files) == [f"{tmp_path}/a.txt", f"{tmp_path}/b.txt.gz"]
   with pytest.raises(DataError) as e:
     _docs(f"{tmp_path}/a.txt")
@@ -228,6 +231,16 @@ def test_invalid_utf8_replaced_and_counted(tmp_path):
   docs = _docs(str(tmp_path / "bad.txt"), stats=stats)
   assert docs == ["caf\ufffd ok", "fine line", "\ufffd\ufffd\ufffd", "end \ufffd"]
   assert stats.as_dict()["invalid_utf8_lines"] == 3
+
+
+def test_blank_line_file_without_blank_lines_is_cut_not_dropped(tmp_path):
+  lines = [f"line {i} " + "x" * 90 for i in range(2000)]  # ~200 kB, not one blank line
+  (tmp_path / "wall.txt").write_text("\n".join(lines) + "\n")
+  stats = sources.Stats()
+  docs = _docs(str(tmp_path / "wall.txt"), doc_format="blank_line", stats=stats)
+  assert " ".join(docs) == " ".join(lines)
+  assert all(len(d) <= sources.MAX_BLOCK_CHARS for d in docs) and len(docs) > 5
+  assert stats.as_dict()["long_blocks_split"] == len(docs) - 1
 
 
 def test_bad_specs():

@@ -100,10 +100,11 @@ class _Packer:
     """Greedy first-fit-in-order packing of whole documents (chunks) into rows."""
     s = self.seq_len
     chunks = ragged_docs.map(lambda r: self._chunks(r, s - 2), num_parallel_calls=_AUTOTUNE)
-    chunks = chunks.unbatch()
     if finite:  # an empty chunk flushes the last partial row
-      chunks = chunks.concatenate(tf.data.Dataset.from_tensors(
-          (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
+      empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32),
+                                               tf.constant([0], tf.int64))
+      chunks = chunks.concatenate(tf.data.Dataset.from_tensors((empty, empty)))
+    chunks = chunks.unbatch()
     zeros = tf.zeros([s], tf.int32)
     init = dict(ids=tf.fill([s], self.pad), ws=zeros, seg=zeros, pos=zeros,
                 fill=tf.constant(0), nseg=tf.constant(0))

@@ -35,6 +35,7 @@ except RuntimeError:  # devices already initialised by an earlier TF user: nothi
   pass
 
 _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more than the work)
+MAX_BLOCK_CHARS = 1 << 15  # blank_line blocks are cut at ~32k bytes (far beyond any seq_len)
 
 
 class DataError(ValueError):
@@ -80,7 +81,7 @@ class Stats:
   Reported by the pipeline in its logs; never used to alter the data stream.
   """
 
-  KEYS = ("empty_docs", "invalid_utf8_lines", "long_docs_split")
+  KEYS = ("empty_docs", "invalid_utf8_lines", "long_docs_split", "long_blocks_split")
 
   def __init__(self):
     self.empty_files = []
@@ -174,14 +175,26 @@ def _line_reader(field: int, stats: Optional[Stats]):
   return read
 
 
-def _group_blank_lines(lines):
-  """Lines of one file -> blank-line-separated blocks joined by spaces (streaming, via scan)."""
+def _group_blank_lines(lines, stats: Optional[Stats]):
+  """Lines of one file -> blank-line-separated blocks joined by spaces (streaming, via scan).
+
+  A block is cut after `MAX_BLOCK_CHARS` (counted in stats as `long_blocks_split`): a file with
+  no blank lines at all would otherwise become one document built by quadratic concatenation.
+  """
   lines = lines.concatenate(tf.data.Dataset.from_tensors(tf.constant("")))
 
   def step(acc, line):
     blank = tf.equal(tf.strings.length(tf.strings.strip(line)), 0)
-    joined = tf.where(tf.equal(tf.strings.length(acc), 0), line, acc + " " + line)
-    return tf.where(blank, "", joined), tf.where(blank, acc, "")
+    acc_len = tf.strings.length(acc)
+    overflow = tf.logical_and(tf.logical_and(tf.logical_not(blank), acc_len > 0),
+                              acc_len + tf.strings.length(line) >= MAX_BLOCK_CHARS)
+    if stats is not None:
+      with tf.control_dependencies([stats.add("long_blocks_split", tf.cast(overflow, tf.int64))]):
+        overflow = tf.identity(overflow)
+    joined = tf.where(tf.equal(acc_len, 0), line, acc + " " + line)
+    emit = tf.logical_or(blank, overflow)
+    new_acc = tf.where(blank, "", tf.where(overflow, line, joined))
+    return new_acc, tf.where(emit, acc, "")
 
   return lines.scan(tf.constant(""), step).filter(lambda d: tf.strings.length(d) > 0)
 
@@ -276,7 +289,7 @@ class Source:
         field = int(self.spec.arg) if self.spec.kind == "tsv" else -1
         line_reader = _line_reader(field, stats)
         if doc_format == "blank_line":
-          read = lambda f: _group_blank_lines(line_reader(f))  # noqa: E731
+          read = lambda f: _group_blank_lines(line_reader(f), stats)  # noqa: E731
         else:
           read = line_reader
       docs = files_ds.interleave(read, cycle_length=max(1, min(num_parallel_reads, len(files))),

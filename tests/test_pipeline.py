@@ -1,0 +1,293 @@
+"""Packed batches from real text: nothing lost or duplicated, boundaries, mixing, exact resume."""
+import collections
+import gzip
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from mlm_jax.data import config as data_config
+from mlm_jax.data import pipeline
+from mlm_jax.data import sources
+from mlm_jax.data import tokenizer
+from mlm_jax.data.sources import DataError
+
+ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF
+LEIPZIG_EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
+RU = "corpus/ru/tatoeba_cc0_rus.tsv.gz"
+
+
+@pytest.fixture(scope="session")
+def tok(shared_data, tmp_path_factory):
+  """A 1000-piece XLM-R-layout model on German, English and Russian (a few seconds)."""
+  root = tmp_path_factory.mktemp("pipe_tok")
+  return tokenizer.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
+                          f"ru=tsv:2:{shared_data / RU}"], str(root / "spm"), vocab_size=1000,
+                         max_sentences_per_language=3000, input_sentence_size=6000,
+                         verbose=False)
+
+
+def _cfg(**kw):
+  c = data_config.data_defaults()
+  c.eval_percent = 0.0
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def _epoch(cfg, tok, batch_size=8, seed=0, **kw):
+  ds = pipeline.build_dataset(cfg, tok, batch_size, seed, repeat=False, **kw)
+  return list(ds.as_numpy_iterator())
+
+
+def _direct_docs(cfg):
+  """The documents exactly as the sources give them (one epoch, file order)."""
+  out = []
+  for src in sources.parse_sources(cfg.sources, cfg.tfds_data_dir):
+    ds = src.documents(doc_format=cfg.doc_format)
+    out += [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+  return out
+
+
+_STARTS = {}
+
+
+def _starts_word(tok):
+  """Per id: 1 if its piece begins with '▁' (computed here, not by the code under test)."""
+  if tok.model_path not in _STARTS:
+    _STARTS[tok.model_path] = np.array(
+        [int(tok.id_to_piece(i).startswith("\u2581")) for i in range(tok.vocab_size)])
+  return _STARTS[tok.model_path]
+
+
+def _segments(batches, tok, seq_len):
+  """Checks every row's structure; returns the token chunks (without BOS/EOS), in order."""
+  chunks = []
+  for b in batches:
+    assert set(b) == set(pipeline.FEATURES)
+    for k in pipeline.FEATURES:
+      assert b[k].dtype == np.int32 and b[k].shape[1] == seq_len
+    for ids, seg, pos, ws in zip(b["input_ids"], b["segment_ids"], b["positions"],
+                                 b["word_starts"]):
+      n = int((seg > 0).sum())
+      assert (seg[:n] > 0).all() and (seg[n:] == 0).all()           # padding only at the end
+      assert (ids[n:] == tok.pad_id).all() and (pos[n:] == 0).all() and (ws[n:] == 0).all()
+      if n == 0:
+        continue
+      assert seg[0] == 1 and set(np.diff(seg[:n])) <= {0, 1}         # documents 1, 2, 3, ...
+      for s in range(1, seg.max() + 1):
+        idx = np.flatnonzero(seg == s)
+        assert (pos[idx] == np.arange(len(idx))).all()               # positions restart
+        doc = ids[idx]
+        assert doc[0] == tok.bos_id and doc[-1] == tok.eos_id and len(doc) >= 3
+        body = doc[1:-1]
+        assert not set(body.tolist()) & {tok.bos_id, tok.eos_id, tok.pad_id, tok.mask_id}
+        expected_ws = [1] + _starts_word(tok)[body[1:]].tolist()
+        assert ws[idx].tolist() == [1] + expected_ws + [1]
+        chunks.append(tuple(body.tolist()))
+  return chunks
+
+
+def _expected_chunks(tok, docs, max_len):
+  out = []
+  for d in docs:
+    ids = tok.encode(d)
+    out += [tuple(ids[i:i + max_len]) for i in range(0, len(ids), max_len)]
+  return out
+
+
+def _tokens(chunks):
+  return collections.Counter(t for c in chunks for t in c)
+
+
+@pytest.mark.parametrize("seq_len", [64, 24])
+def test_segmented_epoch_loses_and_duplicates_nothing(shared_data, tok, seq_len):
+  cfg = _cfg(sources=(f"alice={shared_data / ALICE}",), doc_format="blank_line",
+             seq_len=seq_len, shuffle_buffer=500)
+  stats = sources.Stats()
+  batches = _epoch(cfg, tok, stats=stats)
+  got = _segments(batches, tok, seq_len)
+  want = _expected_chunks(tok, _direct_docs(cfg), seq_len - 2)
+  assert _tokens(got) == _tokens(want)                 # the multiset of tokens
+  assert collections.Counter(got) == collections.Counter(want)  # and of whole documents/chunks
+  assert got != want  # shuffled
+  n_long = sum(len(tok.encode(d)) > seq_len - 2 for d in _direct_docs(cfg))
+  assert n_long > 0 and stats.as_dict()["long_docs_split"] == n_long  # split, never dropped
+  # rows are well filled: only the last batch may carry padding rows
+  fill = np.mean([(b["segment_ids"] > 0).mean() for b in batches[:-1]])
+  assert fill > 0.75
+
+
+def test_concat_epoch_is_the_document_stream(shared_data, tok):
+  seq_len = 48
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}",), packing="concat",
+             seq_len=seq_len, shuffle_buffer=0, shuffle_files=False)
+  batches = _epoch(cfg, tok, batch_size=16)
+  ids = np.concatenate([b["input_ids"] for b in batches])
+  seg = np.concatenate([b["segment_ids"] for b in batches])
+  pos = np.concatenate([b["positions"] for b in batches])
+  ws = np.concatenate([b["word_starts"] for b in batches])
+  real = seg.reshape(-1) > 0
+  assert real[:real.sum()].all()  # all rows full except the very end
+  assert (pos[seg > 0] == np.tile(np.arange(seq_len), len(ids))[real]).all()
+  assert (ws[:, 0][seg[:, 0] > 0] == 1).all() and (ws[seg == 0] == 0).all()
+  stream = ids.reshape(-1)[real].tolist()
+  want = []
+  for d in _direct_docs(cfg):
+    want += [tok.bos_id] + tok.encode(d) + [tok.eos_id]
+  assert stream == want
+
+
+def test_eval_split_holdout_is_finite_and_disjoint(shared_data, tok):
+  cfg = _cfg(sources=(f"de={shared_data / ALICE}",), eval_percent=10.0, seq_len=64)
+  ev = list(pipeline.Pipeline(cfg, tok, 16, 0, split="eval"))
+  train = _epoch(cfg, tok, batch_size=16)
+  ev_chunks, tr_chunks = _segments(ev, tok, 64), _segments(train, tok, 64)
+  all_chunks = _expected_chunks(tok, _direct_docs(cfg), 62)
+  assert collections.Counter(ev_chunks) + collections.Counter(tr_chunks) == \
+      collections.Counter(all_chunks)
+  assert 0.05 < len(ev_chunks) / len(all_chunks) < 0.15
+  assert all(b["input_ids"].shape == (16, 64) for b in ev)
+  assert (ev[-1]["segment_ids"][-1] == 0).all()  # the last batch is filled with padding rows
+  again = list(pipeline.Pipeline(cfg, tok, 16, 0, split="eval"))
+  assert all((a["input_ids"] == b["input_ids"]).all() for a, b in zip(ev, again))
+
+
+def test_mixing_frequencies_follow_alpha(shared_data, tok):
+  names = ("en", "de", "ru")
+  sizes = (1000.0, 100.0, 10.0)
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"de={shared_data / ALICE}",
+                      f"ru=tsv:2:{shared_data / RU}"),
+             source_sizes=tuple(f"{n}={s}" for n, s in zip(names, sizes)),
+             mix_alpha=0.3, seq_len=16, shuffle_buffer=100)
+  ds = pipeline.build_dataset(cfg, tok, 500, seed=3, with_source=True)
+  src = np.concatenate([b["source"] for b in ds.take(20).as_numpy_iterator()])
+  assert len(src) == 10000
+  freq = np.bincount(src, minlength=3) / len(src)
+  want = np.array(pipeline.mixing_weights(sizes, 0.3))
+  np.testing.assert_allclose(want, np.array(sizes) ** 0.3 / np.sum(np.array(sizes) ** 0.3))
+  assert np.abs(freq - want).max() < 0.02, (freq, want)
+  # Default n_i = bytes on disk of each source's files.
+  cfg.source_sizes = ()
+  srcs = sources.parse_sources(cfg.sources)
+  assert [s.size() for s in srcs][0] == (shared_data / LEIPZIG_EN).stat().st_size
+
+
+def test_resume_gives_identical_batches(shared_data, tok):
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"de={shared_data / ALICE}"),
+             mix_alpha=0.5, seq_len=32, shuffle_buffer=100)
+  k, n = 7, 20
+  run = pipeline.Pipeline(cfg, tok, 4, seed=11)
+  full = [next(run) for _ in range(k + n)]
+
+  first = pipeline.Pipeline(cfg, tok, 4, seed=11)
+  for _ in range(k):
+    next(first)
+  state = json.loads(json.dumps(first.get_state()))
+  assert state["batches"] == k and len(json.dumps(state)) < 400
+
+  resumed = pipeline.Pipeline(cfg, tok, 4, seed=11)
+  resumed.set_state(state)
+  for want in full[k:]:
+    got = next(resumed)
+    for key in pipeline.FEATURES:
+      np.testing.assert_array_equal(got[key], want[key])
+  assert resumed.get_state()["batches"] == k + n
+  # another seed is another stream
+  other = next(pipeline.Pipeline(cfg, tok, 4, seed=12))
+  assert not (other["input_ids"] == full[0]["input_ids"]).all()
+
+
+def test_resume_refuses_a_different_stream(shared_data, tok):
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}",), seq_len=32)
+  state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
+  cfg.packing = "concat"
+  with pytest.raises(DataError) as e:
+    pipeline.Pipeline(cfg, tok, 4, seed=0).set_state(state)
+  assert "\n" not in str(e.value) and "the data config differs" in str(e.value)
+  with pytest.raises(DataError, match="batch_size differs"):
+    pipeline.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
+
+
+def test_four_hosts_cover_the_epoch(shared_data, tok):
+  cfg = _cfg(sources=(f"de={shared_data / ALICE}",), doc_format="blank_line", seq_len=64)
+  per_host = [_segments(pipeline.build_dataset(cfg, tok, 4, 0, process_index=i, process_count=4,
+                                               repeat=False).as_numpy_iterator(), tok, 64)
+              for i in range(4)]
+  assert all(per_host)
+  want = _expected_chunks(tok, _direct_docs(cfg), 62)
+  assert collections.Counter(c for h in per_host for c in h) == collections.Counter(want)
+
+
+class MlmJaxPipelineText(tfds.core.GeneratorBasedBuilder):
+  """Russian Tatoeba sentences as a real TFDS dataset, written to a tmp data_dir."""
+  VERSION = tfds.core.Version("1.0.0")
+  LINES = []
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+        {"sentence": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    for i, line in enumerate(self.LINES):
+      yield i, {"sentence": line}
+
+
+def test_tfds_spec_through_pipeline(shared_data, tok, tmp_path):
+  with gzip.open(shared_data / RU, "rt", encoding="utf-8") as f:
+    MlmJaxPipelineText.LINES = [next(f).rstrip("\n").split("\t")[2] for _ in range(400)]
+  MlmJaxPipelineText(data_dir=str(tmp_path)).download_and_prepare()
+  cfg = _cfg(sources=("ru=tfds:mlm_jax_pipeline_text:train:sentence",),
+             tfds_data_dir=str(tmp_path), seq_len=64)
+  got = _segments(_epoch(cfg, tok), tok, 64)
+  assert collections.Counter(got) == collections.Counter(
+      _expected_chunks(tok, MlmJaxPipelineText.LINES, 62))
+
+
+def test_pretokenized_tfrecords_through_pipeline(tok, tmp_path):
+  docs = [tok.encode("Ein kurzer Satz."), tok.encode("Noch einer, etwas länger als der erste."),
+          list(range(10, 200))]
+  with tf.io.TFRecordWriter(str(tmp_path / "t.tfrecord")) as w:
+    for ids in docs:
+      w.write(tf.train.Example(features=tf.train.Features(feature={"input_ids": tf.train.Feature(
+          int64_list=tf.train.Int64List(value=ids))})).SerializeToString())
+  cfg = _cfg(sources=(f"tok=tfrecord:{tmp_path}/*.tfrecord",), seq_len=32)
+  got = _segments(_epoch(cfg, tok, batch_size=2), tok, 32)
+  want = [tuple(d[i:i + 30]) for d in docs for i in range(0, len(d), 30)]
+  assert collections.Counter(got) == collections.Counter(want)
+
+
+def test_bad_input_through_pipeline(tok, tmp_path):
+  """Empty files, empty documents, invalid UTF-8 and a 200k-character line: all handled."""
+  (tmp_path / "empty.txt").write_text("")
+  long_doc = " ".join(["Wort"] * 40000)
+  (tmp_path / "mixed.txt").write_bytes(b"gut\n\n\xff\xfe kaputt\n" + long_doc.encode() + b"\n")
+  cfg = _cfg(sources=(f"x={tmp_path}/*.txt",), seq_len=128, shuffle_buffer=4)
+  p = pipeline.Pipeline(cfg, tok, 8, 0)
+  stats = sources.Stats()
+  batches = _epoch(cfg, tok, stats=stats)
+  got = _segments(batches, tok, 128)
+  want = _expected_chunks(tok, ["gut", "\ufffd\ufffd kaputt", long_doc], 126)
+  assert collections.Counter(got) == collections.Counter(want)
+  assert stats.as_dict() == dict(empty_files=1, empty_docs=1, invalid_utf8_lines=1,
+                                 long_docs_split=1, long_blocks_split=0)
+  next(p)  # the repeating train stream runs too
+  assert p.stats()["empty_files"] == 1
+
+
+def test_config_errors(shared_data, tok):
+  with pytest.raises(DataError, match="no data sources configured for split 'train'"):
+    pipeline.Pipeline(_cfg(), tok, 4, 0)
+  with pytest.raises(DataError, match="data.packing='full'"):
+    pipeline.Pipeline(_cfg(sources=("a=x",), packing="full"), tok, 4, 0)
+  with pytest.raises(DataError, match="no files match"):
+    pipeline.Pipeline(_cfg(sources=(f"a={shared_data}/corpus/xx/*.gz",)), tok, 4, 0)
+  with pytest.raises(DataError, match="data.source_sizes names unknown sources"):
+    pipeline.Pipeline(_cfg(sources=(f"a={shared_data / ALICE}", f"b={shared_data / ALICE}"),
+                           source_sizes=("c=1",)), tok, 4, 0)
