@@ -1,0 +1,109 @@
+"""Ahead-of-time compile of the real train step for a TPU topology, on this CPU (tools/aot_compile.py).
+
+libtpu (the `[tpu]` extra) lets XLA's TPU compiler run without a TPU. The tool runs in a
+subprocess so that libtpu is never loaded into the pytest process. Two compiles in all (about a
+minute of CPU): a tiny model that fits on v5p:2x2x2 with every mesh axis 2, and one with an
+absurd batch that does not fit on v5e:2x2 (XLA refuses it early, in a few seconds).
+"""
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from mlm_jax import aot
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# A hidden-256, 4-head, vocab-32000 encoder at seq 128 (configs/demo.py made bigger), 2 layers:
+# TPU compile time on 2 cores is mostly a per-program constant, but layers still add to it.
+TINY = ["--config=configs/demo.py", "--config.model.vocab_size=32000", "--config.model.hidden_size=256",
+        "--config.model.num_heads=4", "--config.model.intermediate_size=1024", "--config.model.num_layers=2",
+        "--config.model.dtype=bfloat16"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _libtpu():
+  """Skip without libtpu, except under CI=true, which installs '.[tpu]' and must really run these."""
+  if importlib.util.find_spec("libtpu") is None:
+    msg = "libtpu not installed: pip install -e '.[tpu]'"
+    if os.environ.get("CI", "").lower() == "true":
+      pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def _tool(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run([sys.executable, "tools/aot_compile.py", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def fit_report():
+  p = _tool(*TINY, "--topology=v5p:2x2x2", "--config.train.batch_size=64", "--config.mesh.data=2",
+            "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--json")
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+  assert len(lines) == 1, p.stdout
+  return json.loads(lines[0])
+
+
+def test_tiny_model_fits_on_v5p_with_data_fsdp_and_tensor_axes(fit_report):
+  r = fit_report
+  assert r["device_kind"] == "TPU v5" and r["devices"] == 8
+  assert r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert r["batch_per_device"] == 16 and r["prediction_slots"] == 24
+  assert r["fits"] and 0 < r["total_bytes"] < r["hbm_bytes"] == 95 * aot.GIB
+  assert r["total_bytes"] == (r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
+                              + r["code_bytes"])
+  # The donated state is aliased to the new state, and the arguments hold the sharded state.
+  assert r["alias_bytes"] >= r["state_bytes"] > 0 and r["argument_bytes"] >= r["state_bytes"]
+  assert r["optimal_seconds"] > 0 and 0 < r["mfu_bound"] < 1
+  assert any("mask_id" in n for n in r["notes"])   # demo takes mask ids from the tokenizer: assumed
+
+
+def test_xla_flops_match_flops_py_within_15_percent(fit_report):
+  """Both sides are FLOPs of one whole train step on ONE device.
+
+  XLA: `compiled.cost_analysis()["flops"]` of the SPMD-partitioned program, which is per device.
+  flops.py: flops_per_token(model, seq_len, prediction slots) * batch * seq_len is the global count
+  for the step; divided by the 8 devices. flops.py counts matmuls only (6 per parameter per token,
+  attention scores, the MLM head on the 24 gathered slots); XLA's total also has masking, softmax,
+  LayerNorm, GELU, dropout hashing, AdamW and work replicated over the tensor axis, a few percent
+  here, so XLA's number is expected at or a little above flops.py's.
+  """
+  ratio = fit_report["xla_flops_per_device"] / fit_report["model_flops_per_device"]
+  assert 0.85 <= ratio <= 1.15, ratio
+
+
+def test_table_renders_from_json_lines(fit_report, tmp_path):
+  path = tmp_path / "fit.jsonl"
+  path.write_text(json.dumps(fit_report) + "\n")
+  p = _tool(f"--table={path}")
+  assert p.returncode == 0, p.stderr[-2000:]
+  header, rule, row = p.stdout.strip().splitlines()
+  assert header.startswith("| config | topology |") and rule.startswith("|---|")
+  assert row.startswith("| demo | `v5p:2x2x2` | 2/2/2 | 16 |") and "| yes |" in row
+
+
+def test_absurd_batch_exits_1_with_one_line_verdict():
+  p = _tool(*TINY, "--config.model.num_layers=1", "--topology=v5e:2x2", "--config.train.batch_size=65536")
+  assert p.returncode == 1, p.stdout + p.stderr[-3000:]
+  verdict = [line for line in p.stderr.splitlines() if line.startswith("does not fit:")]
+  assert len(verdict) == 1, p.stderr[-3000:]
+  line = verdict[0]
+  assert "demo on v5e:2x2" in line and "over by" in line and "GiB" in line
+  assert "grad_accum_steps=" in line and "model.remat=full" in line
+  assert "does not fit:" in p.stdout   # the text report ends with the same verdict
+
+
+def test_parse_oom_reads_both_xla_messages():
+  assert aot.parse_oom("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+                       "temporaries (48.80G) exceeds available HBM (15.75G).") == (
+                           int(48.80 * aot.GIB), int(15.75 * aot.GIB))
+  assert aot.parse_oom("Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm. Exceeded hbm "
+                       "capacity by 5.02G.") == (int(20.5 * aot.GIB), int(15.48 * aot.GIB))
+  assert aot.parse_oom("INTERNAL: something else") is None

@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Will it fit? Compile the train step for a TPU topology on any host and print memory and speed.
+
+  python tools/aot_compile.py --config=configs/xlmr_large.py --topology=v5p:4x4x4 [--config.x=y ...]
+  python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5e:2x2,v5p:2x2x2 --json >> fit.jsonl
+  python tools/aot_compile.py --table=fit.jsonl      # the README's markdown table from those lines
+
+Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: XLA's TPU compiler runs on this CPU. Prints
+per device the arguments, outputs, temporaries and code against HBM, XLA's FLOPs beside flops.py's,
+XLA's optimal step time and the MFU bound it implies (see mlm_jax/aot.py). With --json, one JSON
+line per topology instead.
+
+Exit status: 0 when the step fits on every topology given, 1 when it does not fit on one (with a
+one-line "does not fit: ..." on stderr saying by how much and what would help), 2 when it could
+not be checked (bad flag, config or topology).
+"""
+import json
+import os
+import sys
+
+# Never take an attached accelerator: all work is tracing and compiling on the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from mlm_jax import aot  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
+                                          "as --config.train.batch_size=4096.", lock_config=True)
+_TOPOLOGY = flags.DEFINE_list("topology", [], "TPU topologies, e.g. v5p:4x4x4 or v5e:2x2,v6e:2x2 "
+                              "(generation:chips per dimension).")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON line per topology instead of the text report.")
+_TABLE = flags.DEFINE_string("table", "", "Render the markdown table from a file of --json lines and exit.")
+
+
+def _table(path: str) -> None:
+  with open(path) as f:
+    reports = [json.loads(line) for line in f if line.strip()]
+  print(aot.TABLE_HEADER)
+  for r in reports:
+    print(aot.table_row(r))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _TABLE.value:
+    _table(_TABLE.value)
+    return
+  if _CONFIG.value is None or not _TOPOLOGY.value:
+    raise app.UsageError("--config and --topology are required (or --table=FILE)")
+  name = aot.config_name(flags.FLAGS["config"].config_filename)
+  misfits = []
+  for topology in _TOPOLOGY.value:
+    try:
+      report = aot.compile_train_step(_CONFIG.value, topology)
+    except ValueError as e:   # AotError and make_trainer's config checks: one line, no traceback
+      print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+      sys.exit(2)
+    report["config"] = name
+    print(json.dumps(report) if _JSON.value else aot.format_text(report, name), flush=True)
+    if not report["fits"]:
+      misfits.append(aot.summary_line(report, name))
+  for line in misfits:
+    print(line, file=sys.stderr)
+  if misfits:
+    sys.exit(1)
+
+
+_PARSED = []
+
+
+def run():
+  try:
+    app.run(lambda argv: (_PARSED.append(True), main(argv))[1])
+  except (KeyError, AttributeError, TypeError, ValueError) as e:
+    if _PARSED:
+      raise
+    # Raised while absl parses --config.* overrides into the locked ConfigDict: a key that does not exist.
+    bad = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    print(f"error: bad config override {bad}: unknown key {' '.join(str(msg).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  run()
