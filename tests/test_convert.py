@@ -157,7 +157,7 @@ def test_pytorch_bin_only_through_weights_only(tmp_path, spm):
   bad.mkdir()
   model.config.to_json_file(str(bad / "config.json"))
   with open(bad / "pytorch_model.bin", "wb") as f:
-    pickle.dump(_Exploit(str(marker)), f)
+    pickle.dump(_Exploit(str(marker)), f, protocol=2)
   with pytest.raises(cio.ConversionError, match="weights_only=True"):
     cio.from_hf(str(bad), str(tmp_path / "bad_out"))
   assert not marker.exists()

@@ -186,7 +186,10 @@ def read_hf_config(hf_dir: str) -> dict:
   if not os.path.exists(path):
     raise ConversionError(f"{path}: missing (not a transformers model folder)")
   with open(path, encoding="utf-8") as f:
-    hcfg = json.load(f)
+    try:
+      hcfg = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ConversionError(f"{path}: not valid JSON ({e})") from None
   if hcfg.get("model_type") not in hf.ARCHS:
     raise ConversionError(f"{path}: unknown architecture model_type={hcfg.get('model_type')!r}: expected one "
                           f"of {', '.join(hf.ARCHS)}")
@@ -194,7 +197,7 @@ def read_hf_config(hf_dir: str) -> dict:
 
 
 def _to_numpy(t) -> np.ndarray:
-  import torch
+  """A torch tensor as numpy; bfloat16/float16 become float32 (our parameters are float32)."""
   t = t.detach().cpu()
   return (t.float() if t.is_floating_point() else t).numpy()
 
@@ -352,14 +355,11 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   sd, source = read_hf_weights(hf_dir)
   _, params = params_from_state_dict(sd, mcfg, arch)
 
-  tok_files = None
   if tokenizer:
-    load_tokenizer(tokenizer, mcfg.vocab_size)
-    ids_path = tok_lib.special_ids_path(tokenizer)
-    with open(tokenizer, "rb") as f:
-      proto = f.read()
-    ids = json.load(open(ids_path, encoding="utf-8")) if os.path.exists(ids_path) else None
-    tok_files = (proto, ids)
+    tok = load_tokenizer(tokenizer, mcfg.vocab_size)
+    ids = dict(layout=tok.layout, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
+               mask_id=tok.mask_id)
+    tok_files = (tok.model_proto, ids)
   else:
     tok_files = find_hf_tokenizer(hf_dir)
   if tok_files is not None:
