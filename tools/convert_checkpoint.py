@@ -47,6 +47,8 @@ def _parser():
 
 def main(argv=None) -> int:
   a = _parser().parse_args(argv)
+  from absl import logging
+  logging.set_verbosity(logging.ERROR)   # orbax's restore chatter is not for the user
   from mlm_jax.convert import checkpoint_io as cio
   try:
     if a.command == "to_hf":

@@ -45,6 +45,8 @@ def main(argv=None) -> int:
   if a.top_k < 1:
     p.error("--top_k must be >= 1")
 
+  from absl import logging
+  logging.set_verbosity(logging.ERROR)   # orbax's restore chatter is not for the user
   from mlm_jax import inference
   from mlm_jax.convert.checkpoint_io import ConversionError
   try:
