@@ -1,0 +1,110 @@
+"""Downstream metrics against hand-worked examples: conlleval chunking and SQuAD v1.1 normalization.
+
+Every expected number below was worked out by hand from the rules of the reference scripts
+(conlleval.pl's startOfChunk / endOfChunk; SQuAD v1.1's evaluate-v1.1.py), not by running the code.
+"""
+import pytest
+
+from mlm_jax import metrics_tasks as mt
+
+
+# ------------------------------------------------------------------------------------------
+# Classification
+# ------------------------------------------------------------------------------------------
+def test_accuracy_and_macro_f1():
+  gold = ["a", "a", "a", "b", "b", "c"]
+  pred = ["a", "a", "b", "b", "c", "c"]
+  assert mt.accuracy(gold, pred) == pytest.approx(4 / 6)
+  # a: tp 2 fp 0 fn 1 -> 4/5; b: tp 1 fp 1 fn 1 -> 1/2; c: tp 1 fp 1 fn 0 -> 2/3
+  assert mt.macro_f1(gold, pred) == pytest.approx((4 / 5 + 1 / 2 + 2 / 3) / 3)
+  # A class only ever predicted (never gold) counts, with F1 0.
+  assert mt.macro_f1(["x", "x"], ["x", "y"]) == pytest.approx((2 / 3 + 0) / 2)
+  with pytest.raises(ValueError):
+    mt.accuracy(["a"], [])
+
+
+# ------------------------------------------------------------------------------------------
+# conlleval
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tags, expected", [
+    (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
+    # IOB1: an I- after O (or at the sentence start) opens a chunk.
+    (["I-PER", "I-PER", "O", "I-LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
+    # B- after B- of the same type: two chunks.
+    (["B-ORG", "B-ORG"], [("ORG", 0, 0), ("ORG", 1, 1)]),
+    # A type change ends the chunk even without a B-.
+    (["B-PER", "I-LOC", "I-LOC"], [("PER", 0, 0), ("LOC", 1, 2)]),
+    (["I-PER", "I-LOC"], [("PER", 0, 0), ("LOC", 1, 1)]),
+    # B- inside an I- run of the same type splits it.
+    (["B-PER", "I-PER", "B-PER", "I-PER"], [("PER", 0, 1), ("PER", 2, 3)]),
+    # A chunk running to the end of the sentence is closed by the boundary.
+    (["O", "O", "B-MISC", "I-MISC"], [("MISC", 2, 3)]),
+    (["O", "O"], []),
+])
+def test_chunks(tags, expected):
+  assert mt.chunks(tags) == expected
+
+
+def test_conlleval_hand_worked():
+  gold = [["B-PER", "I-PER", "O", "B-LOC"],
+          ["B-PER", "I-PER", "I-PER"],
+          ["B-ORG", "O", "B-LOC", "I-LOC"]]
+  pred = [["B-PER", "I-PER", "O", "B-ORG"],     # PER right, LOC labeled ORG
+          ["B-PER", "I-PER", "B-PER"],          # one gold chunk split in two: nothing right
+          ["I-ORG", "O", "I-LOC", "I-LOC"]]     # IOB1-style tags, same chunks: both right
+  r = mt.conlleval(gold, pred)
+  # gold chunks 2 + 1 + 2 = 5, predicted 2 + 2 + 2 = 6, correct 1 + 0 + 2 = 3
+  assert r["precision"] == pytest.approx(3 / 6)
+  assert r["recall"] == pytest.approx(3 / 5)
+  assert r["f1"] == pytest.approx(2 * 0.5 * 0.6 / 1.1)
+  assert r["accuracy"] == pytest.approx(7 / 11)   # token accuracy: 3 + 2 + 2 of 11 tags
+  per = r["per_type"]
+  assert (per["PER"]["precision"], per["PER"]["recall"], per["PER"]["support"]) == pytest.approx((1 / 3, 1 / 2, 2))
+  assert per["LOC"]["f1"] == pytest.approx(2 / 3)    # P 1/1, R 1/2
+  assert per["ORG"]["f1"] == pytest.approx(2 / 3)    # P 1/2, R 1/1
+
+
+def test_conlleval_chunks_do_not_cross_sentences():
+  # A sentence-final B-PER and a sentence-initial I-PER are two chunks, as in conlleval (blank line = O).
+  r = mt.conlleval([["O", "B-PER"], ["I-PER", "O"]], [["O", "B-PER"], ["I-PER", "O"]])
+  assert r["f1"] == 1.0 and r["per_type"]["PER"]["support"] == 2
+  merged = mt.conlleval([["O", "B-PER", "I-PER", "O"]], [["O", "B-PER", "I-PER", "O"]])
+  assert merged["per_type"]["PER"]["support"] == 1
+
+
+def test_conlleval_boundary_errors_score_zero():
+  # Too long, too short and shifted spans are all wrong: only exact span + type counts.
+  gold = [["B-LOC", "I-LOC", "O", "O"]] * 3
+  pred = [["B-LOC", "I-LOC", "I-LOC", "O"], ["B-LOC", "O", "O", "O"], ["O", "B-LOC", "I-LOC", "O"]]
+  r = mt.conlleval(gold, pred)
+  assert (r["precision"], r["recall"], r["f1"]) == (0.0, 0.0, 0.0)
+  with pytest.raises(ValueError):
+    mt.conlleval([["O"]], [["O", "O"]])
+
+
+# ------------------------------------------------------------------------------------------
+# SQuAD v1.1
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("The  Quick, brown fox!", "quick brown fox"),
+    ("an apple a day", "apple day"),
+    ("Theatre of the Absurd", "theatre of absurd"),   # 'the' only as a whole word
+    ("U.S.A.", "usa"),
+    ("A-team", "ateam"),                              # punctuation goes before the articles
+    ("  «Paris» \n", "«paris»"),                      # only ASCII punctuation is removed
+])
+def test_normalize_answer(text, expected):
+  assert mt.normalize_answer(text) == expected
+
+
+def test_squad_em_f1():
+  assert mt.exact_match("the Eiffel Tower", "Eiffel  tower.") == 1.0
+  assert mt.token_f1("Eiffel Tower in Paris", "the Eiffel Tower") == pytest.approx(2 / 3)   # P 2/4, R 2/2
+  assert mt.token_f1("the cat cat", "a cat") == pytest.approx(2 / 3)                         # overlap counted once
+  assert mt.token_f1("dog", "cat") == 0.0
+  assert mt.token_f1("the", "a") == 0.0        # both normalize to nothing: 0, as the official script
+  gold = {"q1": ["Denver Broncos", "The Denver Broncos"], "q2": ["Eiffel Tower"], "q3": ["1990"]}
+  pred = {"q1": "the Denver Broncos", "q2": "Eiffel Tower in Paris"}   # q3 unanswered: 0
+  r = mt.squad(gold, pred)
+  assert r["exact_match"] == pytest.approx(1 / 3)
+  assert r["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
