@@ -177,3 +177,12 @@ def test_train_tool(corpus, tmp_path, capsys):
   assert rc == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1] == f"error: no files match '{tmp_path}/nothing/*.txt'"
+
+
+def test_vocab_too_large_for_text_is_one_line(corpus, tmp_path):
+  root, _ = corpus
+  small = tmp_path / "small.txt"
+  small.write_text("\n".join(open(root / "en/train.txt").read().splitlines()[:50]) + "\n")
+  with pytest.raises(ValueError) as e:
+    tokenizer.train([f"en={small}"], str(tmp_path / "big"), vocab_size=20000, verbose=False)
+  assert "\n" not in str(e.value) and str(e.value).startswith("vocab_size=20000 is too large")

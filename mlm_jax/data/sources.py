@@ -35,7 +35,9 @@ except RuntimeError:  # devices already initialised by an earlier TF user: nothi
   pass
 
 _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more than the work)
-MAX_BLOCK_CHARS = 1 << 15  # blank_line blocks are cut at ~32k bytes (far beyond any seq_len)
+# blank_line blocks are cut at the first line batch where they reach ~32k characters: far more
+# than any seq_len of tokens, and it bounds the memory of a file that has no blank lines.
+MAX_BLOCK_CHARS = 1 << 15
 
 
 class DataError(ValueError):
@@ -167,46 +169,56 @@ def _clean_lines(lines, field: int, stats: Optional[Stats]):
   return fixed
 
 
-def _line_reader(field: int, stats: Optional[Stats]):
+def _line_batches(field: int, stats: Optional[Stats]):
+  """path -> dataset of cleaned line vectors (work per batch: per-element tf.data costs ~µs)."""
   def read(path):
     gz = tf.strings.regex_full_match(path, r".*\.gz")
     ds = tf.data.TextLineDataset(path, compression_type=tf.where(gz, "GZIP", ""))
-    return ds.batch(_READ_BATCH).map(lambda b: _clean_lines(b, field, stats)).unbatch()
+    return ds.batch(_READ_BATCH).map(lambda b: _clean_lines(b, field, stats))
   return read
 
 
-def _group_blank_lines(lines, stats: Optional[Stats]):
-  """Lines of one file -> blank-line-separated blocks joined by spaces (streaming, via scan).
+def _is_blank(strings):
+  return tf.equal(tf.strings.length(tf.strings.strip(strings)), 0)
 
-  A block is cut after `MAX_BLOCK_CHARS` (counted in stats as `long_blocks_split`): a file with
-  no blank lines at all would otherwise become one document built by quadratic concatenation.
+
+def _nonempty_docs(docs, stats: Optional[Stats]):
+  """Drops (and counts) empty documents from a vector of documents."""
+  keep = tf.logical_not(_is_blank(docs))
+  if stats is not None:
+    with tf.control_dependencies([stats.add("empty_docs", tf.reduce_sum(
+        tf.cast(tf.logical_not(keep), tf.int64)))]):
+      keep = tf.identity(keep)
+  return tf.boolean_mask(docs, keep)
+
+
+def _group_blank_lines(line_batches, stats: Optional[Stats]):
+  """Line vectors of one file -> vectors of blank-line-separated blocks joined by spaces.
+
+  The block still open at the end of a line batch is carried to the next one (dataset scan);
+  a carried block longer than `MAX_BLOCK_CHARS` is emitted as it is (counted in stats as
+  `long_blocks_split`): a file without blank lines must not become one unbounded document.
   """
-  lines = lines.concatenate(tf.data.Dataset.from_tensors(tf.constant("")))
+  line_batches = line_batches.concatenate(tf.data.Dataset.from_tensors(tf.constant([""])))
 
-  def step(acc, line):
-    blank = tf.equal(tf.strings.length(tf.strings.strip(line)), 0)
-    acc_len = tf.strings.length(acc)
-    overflow = tf.logical_and(tf.logical_and(tf.logical_not(blank), acc_len > 0),
-                              acc_len + tf.strings.length(line) >= MAX_BLOCK_CHARS)
+  def step(carry, lines):
+    lines = tf.concat([carry[None], lines], 0)
+    blank = _is_blank(lines)
+    block = tf.cumsum(tf.cast(blank, tf.int32))
+    keep = tf.logical_not(blank)
+    joined = tf.strings.unsorted_segment_join(tf.boolean_mask(lines, keep),
+                                              tf.boolean_mask(block, keep),
+                                              num_segments=block[-1] + 1, separator=" ")
+    done, carry = joined[:-1], joined[-1]
+    too_long = tf.strings.length(carry) >= MAX_BLOCK_CHARS
     if stats is not None:
-      with tf.control_dependencies([stats.add("long_blocks_split", tf.cast(overflow, tf.int64))]):
-        overflow = tf.identity(overflow)
-    joined = tf.where(tf.equal(acc_len, 0), line, acc + " " + line)
-    emit = tf.logical_or(blank, overflow)
-    new_acc = tf.where(blank, "", tf.where(overflow, line, joined))
-    return new_acc, tf.where(emit, acc, "")
+      with tf.control_dependencies([stats.add("long_blocks_split", tf.cast(too_long, tf.int64))]):
+        too_long = tf.identity(too_long)
+    done = tf.concat([done, tf.reshape(carry, [1])[:tf.cast(too_long, tf.int32)]], 0)
+    carry = tf.where(too_long, "", carry)
+    return carry, tf.boolean_mask(done, tf.logical_not(_is_blank(done)))
 
-  return lines.scan(tf.constant(""), step).filter(lambda d: tf.strings.length(d) > 0)
-
-
-def _drop_empty(docs, stats: Optional[Stats]):
-  def keep(doc):
-    nonempty = tf.strings.length(tf.strings.strip(doc)) > 0
-    if stats is None:
-      return nonempty
-    with tf.control_dependencies([stats.add("empty_docs", tf.cast(~nonempty, tf.int64))]):
-      return tf.identity(nonempty)
-  return docs.filter(keep)
+  return line_batches.scan(tf.constant(""), step)
 
 
 def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
@@ -216,8 +228,8 @@ def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
   files = check_files(list_files(spec.pattern, owner), owner, None)
   field = int(spec.arg) if spec.kind == "tsv" else -1
   ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
-  ds = ds.flat_map(_line_reader(field, None))
-  return ds.filter(lambda s: tf.strings.length(tf.strings.strip(s)) > 0)
+  ds = ds.flat_map(_line_batches(field, None))
+  return ds.map(lambda b: tf.boolean_mask(b, tf.logical_not(_is_blank(b)))).unbatch()
 
 
 # ------------------------------------------------------------------------------------------
@@ -268,8 +280,7 @@ class Source:
       raise DataError(f"doc_format={doc_format!r}: expected 'line' or 'blank_line'")
     if self.spec.kind == "tfds":
       ds, key = self._tfds_documents(process_index, process_count, shuffle_seed)
-      docs = _drop_empty(ds.map(key), stats)
-      raw_for_hash = None
+      docs = ds.map(key).filter(lambda d: tf.size(_nonempty_docs(d[None], stats)) > 0)
     else:
       files = check_files(list_files(self.spec.pattern, self.owner), self.owner, stats)
       if not files:
@@ -282,31 +293,43 @@ class Source:
         files_ds = files_ds.shuffle(len(files), seed=shuffle_seed, reshuffle_each_iteration=True)
       if repeat and by_file:
         files_ds = files_ds.repeat()
+      cycle = max(1, min(num_parallel_reads, len(files)))
       if self.spec.kind == "tfrecord":
         gz = files[0].endswith(".gz")
-        read = lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if gz else "")  # noqa: E731
+        docs = files_ds.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if gz else ""),
+            cycle_length=cycle, block_length=16, num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True)
+        if not by_file:
+          docs = docs.shard(process_count, process_index)
+        if holdout:
+          docs = docs.filter(lambda r: _holdout_keep(r, holdout, eval_percent))
+        docs = docs.map(_parse_tokenized).filter(lambda ids: tf.size(ids) > 0)
       else:
+        # Text stays in vectors of lines / documents up to the final unbatch: per-element
+        # tf.data overhead would otherwise cost more than reading and cleaning the text.
         field = int(self.spec.arg) if self.spec.kind == "tsv" else -1
-        line_reader = _line_reader(field, stats)
+        line_batches = _line_batches(field, stats)
         if doc_format == "blank_line":
-          read = lambda f: _group_blank_lines(line_reader(f), stats)  # noqa: E731
+          read = lambda f: _group_blank_lines(line_batches(f), stats)  # noqa: E731
         else:
-          read = line_reader
-      docs = files_ds.interleave(read, cycle_length=max(1, min(num_parallel_reads, len(files))),
-                                 block_length=16, num_parallel_calls=tf.data.AUTOTUNE,
-                                 deterministic=True)
-      if not by_file:
-        docs = docs.shard(process_count, process_index)
-        if repeat:
-          docs = docs.repeat()
-      if self.spec.kind == "tfrecord":
-        raw_for_hash = docs
-        docs = docs.map(_parse_tokenized)
-        docs = docs.filter(lambda ids: tf.size(ids) > 0)
-      else:
-        docs = _drop_empty(docs, stats)
+          read = line_batches
+        batches = files_ds.interleave(read, cycle_length=cycle, block_length=1,
+                                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        batches = batches.map(lambda b: _nonempty_docs(b, stats))
+        if holdout and by_file:
+          batches = batches.map(
+              lambda b: tf.boolean_mask(b, _holdout_keep(b, holdout, eval_percent)))
+        docs = batches.unbatch()
+        if not by_file:
+          docs = docs.shard(process_count, process_index)
+          if holdout:
+            docs = docs.filter(lambda d: _holdout_keep(d, holdout, eval_percent))
+      if repeat and not by_file:
+        docs = docs.repeat()
+      return docs
     if holdout:
-      docs = _apply_holdout(docs, holdout, eval_percent, tokenized=self.tokenized)
+      docs = docs.filter(lambda d: _holdout_keep(d, holdout, eval_percent))
     return docs
 
   def _tfds_builder(self):
@@ -346,18 +369,16 @@ def _parse_tokenized(record):
   return tf.cast(tf.sparse.to_dense(ex["input_ids"]), tf.int32)
 
 
-def _apply_holdout(docs, holdout, eval_percent, tokenized):
+def _holdout_keep(keys, holdout, eval_percent):
+  """Which documents (text or serialized records, scalar or vector) belong to `holdout`.
+
+  The split is by FarmHash fingerprint of the document, so it is identical on every run, host
+  and file order: held-out documents never leak into training.
+  """
   if holdout not in ("train", "eval"):
     raise DataError(f"holdout={holdout!r}: expected 'train' or 'eval'")
-  threshold = int(round(eval_percent * 100))  # buckets of 0.01 %
-
-  def in_eval(doc):
-    key = tf.strings.reduce_join(tf.strings.as_string(doc), separator=",") if tokenized else doc
-    return tf.strings.to_hash_bucket_fast(key, 10000) < threshold
-
-  if holdout == "eval":
-    return docs.filter(in_eval)
-  return docs.filter(lambda d: tf.logical_not(in_eval(d)))
+  in_eval = tf.strings.to_hash_bucket_fast(keys, 10000) < int(round(eval_percent * 100))
+  return in_eval if holdout == "eval" else tf.logical_not(in_eval)
 
 
 def parse_sources(entries: Sequence[str], tfds_data_dir: str = "") -> list:

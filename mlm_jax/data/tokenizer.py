@@ -315,6 +315,23 @@ def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character
     n_pieces = vocab_size
   out_dir = os.path.dirname(os.path.abspath(out_prefix))
   os.makedirs(out_dir, exist_ok=True)
+  try:
+    _spm_train(input_path, out_prefix, n_pieces, model_type, character_coverage, byte_fallback,
+               num_threads, verbose, pieces, special)
+  except RuntimeError as e:
+    msg = _first_line_of(e)
+    if "Vocabulary size too high" in msg:
+      raise ValueError(f"vocab_size={vocab_size} is too large for this training text: "
+                       f"{msg.split(') ', 1)[-1]}") from None
+    raise
+
+
+def _first_line_of(e):
+  return str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+
+
+def _spm_train(input_path, out_prefix, n_pieces, model_type, character_coverage, byte_fallback,
+               num_threads, verbose, pieces, special):
   spm.SentencePieceTrainer.train(
       input=input_path, model_prefix=out_prefix, vocab_size=n_pieces, model_type=model_type,
       character_coverage=character_coverage, byte_fallback=byte_fallback,
