@@ -138,6 +138,10 @@ def state_bytes_per_device(state) -> int:
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
 
 
+def batch_bytes_per_device(batch) -> int:
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in batch.values())
+
+
 _SIZE = r"([0-9.]+)\s*([KMGT]i?B?|B)"
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "B": 1}
 
@@ -146,20 +150,24 @@ def _bytes(num: str, unit: str) -> int:
   return int(float(num) * _UNITS[unit[0]])
 
 
-def parse_oom(message: str) -> tuple[int, int] | None:
-  """(bytes needed, bytes available) from XLA TPU's out-of-memory compile error, if it says so."""
-  m = re.search(r"required.*?\(" + _SIZE + r"\).*?available HBM \(" + _SIZE + r"\)", message, re.S)
+def parse_oom(message: str) -> tuple[str, int, int] | None:
+  """('temporaries' or 'total', bytes needed, bytes available) from XLA TPU's out-of-memory error.
+
+  XLA stops at the first thing that does not fit; when that is the temporaries, the arguments
+  come on top of the bytes it names.
+  """
+  m = re.search(r"required for HLO temporaries \(" + _SIZE + r"\).*?available HBM \(" + _SIZE + r"\)", message,
+                re.S)
   if m:
-    return _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
+    return "temporaries", _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
   m = re.search(r"Used " + _SIZE + " of " + _SIZE + " hbm", message)
   if m:
-    return _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
+    return "total", _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
   return None
 
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict:
   """Compile the train step for `topology`; a JSON-ready report (see the module docstring)."""
-  import jax
   from mlm_jax import flops, masking, sharding, step
 
   notes = prepare_config(config)
@@ -198,8 +206,13 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
     oom = parse_oom(str(e))
     if oom is None and "RESOURCE_EXHAUSTED" not in str(e):
       raise
-    need, avail = oom if oom else (0, hbm)
-    report.update(compile_s=time.perf_counter() - t0, fits=False, total_bytes=need, hbm_bytes=avail,
+    what, need, avail = oom if oom else ("total", 0, hbm)
+    if what == "temporaries":   # the state and the batch shard come on top; code is not known
+      report["temp_bytes"] = need
+      need += report["state_bytes"] + batch_bytes_per_device(batch)
+    over = max(need - hbm, report.get("temp_bytes", need) - avail)
+    report.update(compile_s=time.perf_counter() - t0, fits=False, total_bytes=need, over_bytes=over,
+                  total_is_lower_bound=True, xla_available_bytes=avail,
                   xla_error=" ".join(str(e).split())[:500])
     report["advice"] = advice(report, config)
     return report
@@ -213,9 +226,12 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   xla_flops = float(cost.get("flops", 0.0))
   seconds = float(cost.get("optimal_seconds", 0.0))
+  if seconds <= 0:   # seen on 12-layer programs: XLA's cost model gives a negative time, i.e. none
+    notes.append(f"XLA's cost model gave no step time (optimal_seconds={seconds:.4g}); no MFU bound")
+    seconds = 0.0
   report.update(
       argument_bytes=args, output_bytes=outs, alias_bytes=alias, temp_bytes=temps, code_bytes=code,
-      total_bytes=total, fits=total <= hbm,
+      total_bytes=total, fits=total <= hbm, over_bytes=total - hbm,
       xla_flops_per_device=xla_flops, bytes_accessed_per_device=float(cost.get("bytes accessed", 0.0)),
       optimal_seconds=seconds,
       mfu_bound=(model_flops / (seconds * n * peak)) if seconds > 0 else None)
@@ -258,8 +274,9 @@ def summary_line(report: dict, config_name: str = "") -> str:
   if report["fits"]:
     return (f"fits: {where} needs {gib(report['total_bytes'])} per device of {gib(report['hbm_bytes'])} HBM "
             f"({gib(report['hbm_bytes'] - report['total_bytes'])} free)")
-  over = report["total_bytes"] - report["hbm_bytes"]
-  return (f"does not fit: {where} needs {gib(report['total_bytes'])} per device of "
+  over = report["over_bytes"]
+  least = "at least " if report.get("total_is_lower_bound") else ""
+  return (f"does not fit: {where} needs {least}{gib(report['total_bytes'])} per device of "
           f"{gib(report['hbm_bytes'])} HBM (over by {gib(over)}); try {report.get('advice') or 'a larger slice'}")
 
 
@@ -285,17 +302,17 @@ def format_text(report: dict, config_name: str = "") -> str:
               f"  step FLOPs per device: XLA {report['xla_flops_per_device']:.4g}, flops.py "
               f"{report['model_flops_per_device']:.4g} "
               f"(ratio {report['xla_flops_per_device'] / report['model_flops_per_device']:.3f})",
-              f"  XLA optimal time {1e3 * report['optimal_seconds']:.2f} ms/step -> MFU bound "
-              + (f"{100 * report['mfu_bound']:.1f}%" if report["mfu_bound"] is not None else "n/a")
-              + f" (peak {report['peak_flops'] / 1e12:.0f} TFLOP/s per device)"]
+              (f"  XLA optimal time {1e3 * report['optimal_seconds']:.2f} ms/step -> MFU bound "
+               f"{100 * report['mfu_bound']:.1f}% (peak {report['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
+               if report["mfu_bound"] else "  XLA optimal time: n/a")]
   else:
     lines.append(f"  XLA: {report['xla_error']}")
   lines.append(summary_line(report, config_name))
   return "\n".join(lines)
 
 
-TABLE_HEADER = ("| config | topology | mesh d/f/t | batch/chip | params+opt | temps | total / HBM | fits "
-                "| XLA TFLOP | flops.py TFLOP | optimal ms | MFU bound |\n"
+TABLE_HEADER = ("| config | topology | mesh d/f/t | batch/chip | params+opt GiB | temps GiB | total / HBM GiB "
+                "| fits | XLA TFLOP | flops.py TFLOP | optimal ms | MFU bound |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
@@ -303,16 +320,17 @@ def table_row(report: dict) -> str:
   """One markdown row from a report (as written by `--json`)."""
   g = lambda x: f"{x / GIB:.1f}"
   mesh = "/".join(str(report["mesh"][a]) for a in ("data", "fsdp", "tensor"))
-  common = [report.get("config", ""), f"`{report['topology']}`", mesh, str(report["batch_per_device"])]
-  if "argument_bytes" not in report:   # XLA refused to compile: only its total is known
-    return "| " + " | ".join(common + ["", "", f"{g(report['total_bytes'])} / {g(report['hbm_bytes'])} GiB",
-                                       "**no**", "", f"{report['model_flops_per_device'] / 1e12:.1f}", "", ""]) + " |"
-  mfu = f"{100 * report['mfu_bound']:.0f}%" if report.get("mfu_bound") else ""
-  return "| " + " | ".join(common + [
-      f"{g(report['argument_bytes'])} GiB", f"{g(report['temp_bytes'])} GiB",
-      f"{g(report['total_bytes'])} / {g(report['hbm_bytes'])} GiB", "yes" if report["fits"] else "**no**",
-      f"{report['xla_flops_per_device'] / 1e12:.1f}", f"{report['model_flops_per_device'] / 1e12:.1f}",
-      f"{1e3 * report['optimal_seconds']:.0f}", mfu]) + " |"
+  compiled = "argument_bytes" in report   # else XLA refused it: only temporaries (maybe) are known
+  total = ("≥ " if report.get("total_is_lower_bound") else "") + g(report["total_bytes"])
+  temps = g(report["temp_bytes"]) if "temp_bytes" in report else "?"
+  cells = [report.get("config", ""), f"`{report['topology']}`", mesh, str(report["batch_per_device"]),
+           g(report["state_bytes"]), temps, f"{total} / {g(report['hbm_bytes'])}",
+           "yes" if report["fits"] else "**no**",
+           f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled else "",
+           f"{report['model_flops_per_device'] / 1e12:.2f}",
+           f"{1e3 * report['optimal_seconds']:.0f}" if compiled and report["optimal_seconds"] > 0 else "",
+           f"{100 * report['mfu_bound']:.0f}%" if compiled and report.get("mfu_bound") else ""]
+  return "| " + " | ".join(cells) + " |"
 
 
 def config_name(path: str) -> str:

@@ -95,15 +95,16 @@ def test_absurd_batch_exits_1_with_one_line_verdict():
   verdict = [line for line in p.stderr.splitlines() if line.startswith("does not fit:")]
   assert len(verdict) == 1, p.stderr[-3000:]
   line = verdict[0]
-  assert "demo on v5e:2x2" in line and "over by" in line and "GiB" in line
+  assert "demo on v5e:2x2 needs at least" in line and "over by" in line and "GiB" in line
   assert "grad_accum_steps=" in line and "model.remat=full" in line
   assert "does not fit:" in p.stdout   # the text report ends with the same verdict
 
 
 def test_parse_oom_reads_both_xla_messages():
+  gib = lambda x: int(x * aot.GIB)
   assert aot.parse_oom("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
                        "temporaries (48.80G) exceeds available HBM (15.75G).") == (
-                           int(48.80 * aot.GIB), int(15.75 * aot.GIB))
+                           "temporaries", gib(48.80), gib(15.75))
   assert aot.parse_oom("Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm. Exceeded hbm "
-                       "capacity by 5.02G.") == (int(20.5 * aot.GIB), int(15.48 * aot.GIB))
+                       "capacity by 5.02G.") == ("total", gib(20.5), gib(15.48))
   assert aot.parse_oom("INTERNAL: something else") is None
