@@ -23,6 +23,9 @@ Public interface:
   build_dataset(...) -> tf.data.Dataset of those batches (optionally with a per-row `source`
     index), for tools and tests.
 
+Segmented packing is next-fit within each tokenized batch of `tokenize_batch` documents (a
+stateless, parallel map); concat packing carries the open row across batches (a tf.data scan).
+
 Resume works by replaying: the stream is a pure function of (config, seed, host), so the
 restored iterator skips the `batches` already consumed inside tf.data (C++, no Python per
 batch), at the pipeline's own speed. That keeps the checkpointed state a few bytes instead of
@@ -62,13 +65,14 @@ def _seed(seed: int, *salt: int) -> int:
 class _Packer:
   """Token streams -> fixed-length rows. Holds the tokenizer-derived constants."""
 
-  def __init__(self, tok: tokenizer_lib.Tokenizer, seq_len: int, stats):
+  def __init__(self, tok: tokenizer_lib.Tokenizer, seq_len: int, stats, num_parallel_calls):
     if seq_len < 4:
       raise sources_lib.DataError(f"data.seq_len={seq_len}: need at least 4 (BOS, 2 tokens, EOS)")
     self.seq_len = seq_len
     self.bos, self.eos, self.pad = tok.bos_id, tok.eos_id, tok.pad_id
     self.word_start = tf.constant(np.asarray(tok.word_start_table(), np.int32))
     self.stats = stats
+    self.npc = num_parallel_calls
 
   def _chunks(self, ids: tf.RaggedTensor, max_len: int):
     """[docs, None] ids -> ([chunks, None] ids, word starts) with chunks of <= max_len tokens."""
@@ -96,53 +100,59 @@ class _Packer:
     return tf.concat([bos, rt, eos], axis=1)
 
   # -- segmented ---------------------------------------------------------------------------
-  def segmented(self, ragged_docs: tf.data.Dataset, finite: bool) -> tf.data.Dataset:
-    """Greedy first-fit-in-order packing of whole documents (chunks) into rows."""
+  def segmented(self, doc_batches: tf.data.Dataset, to_ids, finite: bool) -> tf.data.Dataset:
+    """Next-fit packing of whole documents (chunks) into rows, one batch of documents at a time.
+
+    Each tokenized batch is packed on its own (a parallel, stateless map), so only its last row
+    can be short: ~1 % fill for stateless parallelism, which a sequential carry would forbid.
+    """
+    del finite  # every batch is flushed: nothing is ever left over
     s = self.seq_len
-    chunks = ragged_docs.map(lambda r: self._chunks(r, s - 2), num_parallel_calls=_AUTOTUNE)
-    if finite:  # an empty chunk flushes the last partial row
-      empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32),
-                                               tf.constant([0], tf.int64))
-      chunks = chunks.concatenate(tf.data.Dataset.from_tensors((empty, empty)))
-    chunks = chunks.unbatch()
-    zeros = tf.zeros([s], tf.int32)
-    init = dict(ids=tf.fill([s], self.pad), ws=zeros, seg=zeros, pos=zeros,
-                fill=tf.constant(0), nseg=tf.constant(0))
-    pad = self.pad
+    return doc_batches.map(lambda b: self._pack_rows(*self._chunks(to_ids(b), s - 2)),
+                           num_parallel_calls=self.npc).unbatch()
 
-    def step(st, chunk):
-      ids, ws = chunk
-      n = tf.size(ids)
-      flush = tf.equal(n, 0)
-      emit = tf.logical_and(tf.logical_or(flush, st["fill"] + n > s), st["fill"] > 0)
-      row = dict(input_ids=st["ids"], segment_ids=st["seg"], positions=st["pos"],
-                 word_starts=st["ws"])
-      k = tf.cast(emit, tf.int32)
-      out = {key: tf.reshape(v, [1, s])[:k] for key, v in row.items()}
-      fill = tf.where(emit, 0, st["fill"])
-      nseg = tf.where(emit, 0, st["nseg"])
-      keep = tf.logical_not(emit)
-      base_ids = tf.where(keep, st["ids"], pad)
-      base = {k_: tf.where(keep, st[k_], 0) for k_ in ("ws", "seg", "pos")}
-      paddings = [[fill, s - fill - n]]
-      mask = tf.pad(tf.ones([n], tf.bool), paddings)
-      new = dict(
-          ids=tf.where(mask, tf.pad(ids, paddings), base_ids),
-          ws=tf.where(mask, tf.pad(ws, paddings), base["ws"]),
-          seg=tf.where(mask, nseg + 1, base["seg"]),
-          pos=tf.where(mask, tf.pad(tf.range(n), paddings), base["pos"]),
-          fill=fill + n,
-          nseg=tf.where(n > 0, nseg + 1, nseg))
-      return new, out
+  def _pack_rows(self, ids: tf.RaggedTensor, ws: tf.RaggedTensor) -> dict:
+    """Chunks (each <= seq_len, BOS/EOS included) -> {feature: [rows, seq_len]}."""
+    s = self.seq_len
+    lens = tf.cast(ids.row_lengths(), tf.int32)
+    n = tf.size(lens)
 
-    return chunks.scan(init, step).unbatch()
+    def body(i, fill, row, rows, offsets):
+      start_new = fill + lens[i] > s
+      row = tf.where(start_new, row + 1, row)
+      off = tf.where(start_new, 0, fill)
+      return i + 1, off + lens[i], row, rows.write(i, row), offsets.write(i, off)
+
+    _, _, last, rows, offsets = tf.while_loop(
+        lambda i, *_: i < n, body,
+        (tf.constant(0), tf.constant(0), tf.constant(0),
+         tf.TensorArray(tf.int32, size=n), tf.TensorArray(tf.int32, size=n)))
+    row_of_chunk = rows.stack()
+    offset = offsets.stack()
+    nrows = tf.where(n > 0, last + 1, 0)
+    first = tf.math.unsorted_segment_min(tf.range(n), row_of_chunk, nrows)
+    seg_of_chunk = tf.range(n) - tf.gather(first, row_of_chunk) + 1
+    pos = tf.ragged.range(lens).flat_values
+    where = tf.stack([tf.repeat(row_of_chunk, lens), tf.repeat(offset, lens) + pos], axis=1)
+    shape = tf.stack([nrows, s])
+
+    def scatter(values):
+      return tf.scatter_nd(where, tf.cast(values, tf.int32), shape)
+
+    real = scatter(tf.ones_like(pos)) > 0
+    return dict(input_ids=tf.where(real, scatter(ids.flat_values), self.pad),
+                segment_ids=scatter(tf.repeat(seg_of_chunk, lens)),
+                positions=scatter(pos),
+                word_starts=scatter(ws.flat_values))
+
 
   # -- concat ------------------------------------------------------------------------------
-  def concat(self, ragged_docs: tf.data.Dataset, finite: bool) -> tf.data.Dataset:
+  def concat(self, doc_batches: tf.data.Dataset, to_ids, finite: bool) -> tf.data.Dataset:
     """RoBERTa FULL-SENTENCES: one stream of <s> doc </s> <s> doc </s> ... cut every seq_len."""
     s = self.seq_len
 
-    def flatten(r):
+    def flatten(b):
+      r = to_ids(b)
       lens = r.row_lengths()
       offset = tf.ragged.range(lens).flat_values
       ws = tf.where(offset == 0, 1, tf.gather(self.word_start, r.flat_values))
@@ -150,7 +160,7 @@ class _Packer:
       ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
       return ids, ws
 
-    pieces = ragged_docs.map(flatten, num_parallel_calls=_AUTOTUNE)
+    pieces = doc_batches.map(flatten, num_parallel_calls=self.npc)
     if finite:
       pieces = pieces.concatenate(tf.data.Dataset.from_tensors(
           (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
@@ -182,14 +192,15 @@ class _Packer:
     return pieces.scan(init, step).unbatch()
 
 
-def _tokenized(docs: tf.data.Dataset, pretokenized: bool, sp, tokenize_batch: int,
-               num_parallel_calls: int) -> tf.data.Dataset:
-  """Documents -> batches of ragged int32 token ids (one sentencepiece call per batch)."""
+def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, sp, tokenize_batch: int):
+  """Documents -> (batches of documents, batch -> ragged int32 ids).
+
+  Tokenization runs inside the packer's first parallel map, one sentencepiece call per batch:
+  every separate tf.data stage costs per-element overhead that shows on small CPUs.
+  """
   if pretokenized:
-    return docs.ragged_batch(tokenize_batch)
-  ragged = docs.batch(tokenize_batch).map(sp.tokenize, num_parallel_calls=num_parallel_calls)
-  return ragged.map(lambda r: tf.RaggedTensor.from_row_splits(
-      tf.cast(r.flat_values, tf.int32), r.row_splits))
+    return docs.ragged_batch(tokenize_batch), lambda r: r
+  return docs.batch(tokenize_batch), sp.tokenize
 
 
 def _source_sizes(srcs, overrides: Sequence[str]) -> list:
@@ -236,8 +247,8 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     raise sources_lib.DataError("eval split needs data.eval_sources or data.eval_percent > 0")
 
   sp = tf_text.SentencepieceTokenizer(model=tok.model_proto, out_type=tf.int32)
-  packer = _Packer(tok, c.seq_len, stats)
   npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
+  packer = _Packer(tok, c.seq_len, stats, npc)
   rows = []
   for i, src in enumerate(srcs):
     docs = src.documents(
@@ -248,9 +259,9 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     if train and c.shuffle_buffer > 0:
       docs = docs.shuffle(c.shuffle_buffer, seed=_seed(seed, 2, i, process_index),
                           reshuffle_each_iteration=True)
-    tokens = _tokenized(docs, src.tokenized, sp, c.tokenize_batch, npc)
+    doc_batches, to_ids = _doc_batches(docs, src.tokenized, sp, c.tokenize_batch)
     pack = packer.segmented if c.packing == "segmented" else packer.concat
-    r = pack(tokens, finite=not repeat)
+    r = pack(doc_batches, to_ids, finite=not repeat)
     if with_source:
       r = r.map(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32)))
     rows.append(r)

@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""Input-pipeline throughput: text files -> ready packed batches, in tokens per second.
+
+  python tools/benchmark_input.py                      # English Gutenberg books of ../shared/data
+  python tools/benchmark_input.py --input='en=corpus/en/leipzig/*.gz' --doc_format=line
+  python tools/benchmark.py input [same flags]
+
+Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, in-graph sentencepiece,
+segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
+steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
+second (what the train step consumes); real_tokens_per_sec leaves padding out.
+
+Peer in the same run: a plain Python loop of sentencepiece encode (one call per document, the
+same documents, already in memory) + concatenation into seq_len blocks + transformers'
+DataCollatorForLanguageModeling (torch tensors, mlm_probability 0.15), as run_mlm.py does it.
+
+The last line printed is one JSON object, with the tf.data thread settings that were used.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(_REPO), "shared", "data"))
+DEFAULT_INPUT = os.path.join(_DATA, "corpus/en/gutenberg_kalamine/*.txt.gz")
+# A 32k vocabulary needs more text than the benchmark input: all English of ../shared/data.
+TOKENIZER_TEXT = (f"en={DEFAULT_INPUT}", os.path.join(_DATA, "corpus/en/gutenberg_nltk/*.txt.gz"),
+                  "tsv:1:" + os.path.join(_DATA, "corpus/en/leipzig/*.txt.gz"))
+
+
+def _tokenizer(args, inputs):
+  from mlm_jax.data import tokenizer
+  if args.tokenizer:
+    return tokenizer.load(args.tokenizer)
+  cache = os.path.join(tempfile.gettempdir(), f"mlm_jax_bench_spm_{args.vocab_size}")
+  if os.path.exists(cache + ".model"):
+    return tokenizer.load(cache + ".model")
+  t0 = time.perf_counter()
+  text = TOKENIZER_TEXT if list(inputs) == [f"en={DEFAULT_INPUT}"] else list(inputs)
+  tok = tokenizer.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
+                        max_sentences_per_language=200_000, input_sentence_size=300_000,
+                        verbose=False)
+  print(f"trained tokenizer {cache}.model in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+  return tok
+
+
+def _bench_pipeline(args, cfg, tok):
+  from mlm_jax.data import pipeline
+  t0 = time.perf_counter()
+  it = pipeline.Pipeline(cfg, tok, args.batch_size, seed=0)
+  for _ in range(args.warmup):
+    next(it)
+  warm_s = time.perf_counter() - t0
+  real = 0
+  t0 = time.perf_counter()
+  for _ in range(args.batches):
+    b = next(it)
+    real += int((b["segment_ids"] > 0).sum())
+  dt = time.perf_counter() - t0
+  slots = args.batches * args.batch_size * cfg.seq_len
+  return dict(tokens_per_sec=slots / dt, real_tokens_per_sec=real / dt,
+              batches_per_sec=args.batches / dt, timed_batches=args.batches,
+              timed_s=dt, warmup_s=warm_s, fill=real / slots, stats=it.stats())
+
+
+def _bench_peer(args, cfg, tok):
+  """sentencepiece encode loop + group into blocks + DataCollatorForLanguageModeling."""
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  import torch
+  import transformers
+  from tokenizers import Tokenizer as HFTokenizer
+  from tokenizers.models import WordLevel
+  from mlm_jax.data import sources
+  transformers.logging.set_verbosity_error()
+
+  docs = []
+  for src in sources.parse_sources(cfg.sources):
+    ds = src.documents(doc_format=cfg.doc_format)
+    docs += [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+  vocab = {tok.id_to_piece(i): i for i in range(tok.vocab_size)}
+  names = dict(pad_token=tok.id_to_piece(tok.pad_id), unk_token=tok.id_to_piece(tok.unk_id),
+               cls_token=tok.id_to_piece(tok.bos_id), sep_token=tok.id_to_piece(tok.eos_id),
+               mask_token=tok.id_to_piece(tok.mask_id))
+  hf_tok = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=HFTokenizer(WordLevel(vocab, unk_token=names["unk_token"])), **names)
+  collator = transformers.DataCollatorForLanguageModeling(
+      tokenizer=hf_tok, mlm=True, mlm_probability=0.15, return_tensors="pt")
+  sp, s, bsz = tok.processor, cfg.seq_len, args.batch_size
+  special = set(tok.special_ids)
+
+  def batches():
+    buf, examples, i = [], [], 0
+    while True:
+      ids = sp.encode(docs[i % len(docs)])
+      i += 1
+      buf.extend([tok.bos_id] + ids + [tok.eos_id])
+      while len(buf) >= s:
+        block, buf = buf[:s], buf[s:]
+        examples.append(dict(input_ids=block, special_tokens_mask=[int(t in special) for t in block]))
+        if len(examples) == bsz:
+          yield collator(examples)
+          examples = []
+
+  gen = batches()
+  for _ in range(3):
+    next(gen)
+  n, t0 = 0, time.perf_counter()
+  while time.perf_counter() - t0 < args.peer_seconds:
+    b = next(gen)
+    n += 1
+  dt = time.perf_counter() - t0
+  assert tuple(b["input_ids"].shape) == (bsz, s) and isinstance(b["input_ids"], torch.Tensor)
+  return dict(tokens_per_sec=n * bsz * s / dt, timed_batches=n, torch_threads=torch.get_num_threads(),
+              transformers=transformers.__version__)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(prog="benchmark.py input", description=__doc__.split("\n")[0])
+  p.add_argument("--input", action="append", help=f"name=spec, repeatable (default en={DEFAULT_INPUT})")
+  p.add_argument("--doc_format", default="blank_line", choices=("line", "blank_line"))
+  p.add_argument("--packing", default="segmented", choices=("segmented", "concat"))
+  p.add_argument("--tokenizer", default="", help=".model path; default: train one (cached in /tmp)")
+  p.add_argument("--vocab_size", type=int, default=32000)
+  p.add_argument("--seq_len", type=int, default=128)
+  p.add_argument("--batch_size", type=int, default=32)
+  p.add_argument("--warmup", type=int, default=50, help="batches before timing")
+  p.add_argument("--batches", type=int, default=300, help="batches timed")
+  p.add_argument("--shuffle_buffer", type=int, default=10000)
+  p.add_argument("--threads", type=int, default=0, help="tf.data private threadpool (0 = TF's)")
+  p.add_argument("--num_parallel_calls", type=int, default=-1)
+  p.add_argument("--tokenize_batch", type=int, default=128)
+  p.add_argument("--prefetch", type=int, default=4)
+  p.add_argument("--peer_seconds", type=float, default=10.0)
+  p.add_argument("--no_peer", action="store_true")
+  args = p.parse_args(argv)
+
+  from mlm_jax.data import config as data_config
+  from mlm_jax.data import pipeline
+  inputs = args.input or [f"en={DEFAULT_INPUT}"]
+  cfg = data_config.data_defaults()
+  cfg.update(dict(sources=tuple(inputs), doc_format=args.doc_format, packing=args.packing,
+                  seq_len=args.seq_len, shuffle_buffer=args.shuffle_buffer, threads=args.threads,
+                  num_parallel_calls=args.num_parallel_calls, tokenize_batch=args.tokenize_batch,
+                  prefetch=args.prefetch, eval_percent=0.0))
+  tok = _tokenizer(args, inputs)
+  result = dict(bench="input", inputs=list(inputs), doc_format=args.doc_format,
+                packing=args.packing, seq_len=args.seq_len, batch_size=args.batch_size,
+                vocab_size=tok.vocab_size, cpu_count=os.cpu_count(),
+                thread_settings=pipeline.thread_settings(cfg))
+  r = _bench_pipeline(args, cfg, tok)
+  result.update(r)
+  if not args.no_peer:
+    peer = _bench_peer(args, cfg, tok)
+    result["peer_hf_collator_tokens_per_sec"] = peer.pop("tokens_per_sec")
+    result["peer_hf_collator"] = peer
+    result["speedup_vs_peer"] = result["tokens_per_sec"] / result["peer_hf_collator_tokens_per_sec"]
+  print(json.dumps(result, sort_keys=True, default=str))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
