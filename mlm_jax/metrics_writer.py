@@ -23,7 +23,7 @@ class MetricsWriter:
       with tf.io.gfile.GFile(self.path) as f:
         kept = [l for l in f if l.strip() and json.loads(l).get("step", 0) <= truncate_after]
       with tf.io.gfile.GFile(self.path, "w") as f:
-        f.writelines(kept)
+        f.write("".join(kept))
     self._file = tf.io.gfile.GFile(self.path, "a")
     self._tb = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
 

@@ -257,7 +257,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       last.update(ev)
       t_last = time.perf_counter()   # evaluation time is not training throughput
 
-    if step % t.save_every == 0 or final:
+    if step % t.save_every == 0 or step == t.steps or preempted:   # SIGTERM may have come during eval
       if float(jax.device_get(m["finite"])) and ckpt_lib.all_finite(state.params):
         checkpointer.save(step, state, pipeline.get_state())
       elif t.nonfinite == "stop":
