@@ -40,7 +40,8 @@ def _table(path: str) -> None:
   with open(path) as f:
     reports = [json.loads(line) for line in f if line.strip()]
   print(aot.TABLE_HEADER)
-  for r in reports:
+  # Whatever order the lines were written in: by config, then slice size.
+  for r in sorted(reports, key=lambda r: (r.get("config", ""), r["devices"], r["topology"])):
     print(aot.table_row(r))
 
 
