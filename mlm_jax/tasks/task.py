@@ -1,0 +1,144 @@
+"""One fine-tuning task, ready for the loop: encoded train/eval arrays, metrics and a predictions file.
+
+`build(task_cfg, tok, seq_len, type_vocab_size)` reads the files named in `config.task`, splits off a
+held-out set when no eval files are given, encodes everything with the model's tokenizer, and
+returns a `Task` whose `score(outputs)` turns the model's eval outputs (numpy, one row per eval row)
+into metrics and `write_predictions(outputs, path)` into a file users can inspect:
+
+  classification / regression  predictions.jsonl  {"id", "text", ["text_b"], "label", "prediction"}
+  token                        predictions.conll  word, gold tag, predicted tag (conlleval's input)
+  qa                           predictions.json   {question id: answer text} (SQuAD's official format)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+import ml_collections
+
+from mlm_jax import metrics_tasks
+from mlm_jax.data.tokenizer import Tokenizer
+from mlm_jax.tasks import features, qa, readers
+
+DEFAULT_METRIC = dict(classification="accuracy", regression="pearson", token="f1", qa="f1")
+PREDICTIONS_FILE = dict(classification="predictions.jsonl", regression="predictions.jsonl",
+                        token="predictions.conll", qa="predictions.json")
+
+
+@dataclasses.dataclass
+class Task:
+  kind: str
+  labels: list                 # label names in id order ([] for regression and QA)
+  train: dict                  # encoded arrays
+  eval: dict
+  eval_examples: list
+  eval_meta: Any               # token: first-piece positions per sentence; qa: Features
+  max_answer_length: int = 30
+
+  @property
+  def num_labels(self) -> int:
+    return max(len(self.labels), 1)
+
+  def decode(self, outputs) -> list | dict:
+    """Predictions per eval example: label names, target values, tag lists or {id: answer}."""
+    if self.kind == "classification":
+      return [self.labels[int(i)] for i in np.asarray(outputs).argmax(-1)]
+    if self.kind == "regression":
+      return [float(x) for x in np.asarray(outputs)[:, 0]]
+    if self.kind == "token":
+      return features.decode_tokens(np.asarray(outputs), self.eval_meta, self.eval_examples, self.labels)
+    start, end = outputs
+    return qa.decode(np.asarray(start), np.asarray(end), self.eval_meta, self.eval_examples, self.max_answer_length)
+
+  def score(self, outputs) -> tuple[dict, Any]:
+    pred = self.decode(outputs)
+    ex = self.eval_examples
+    if self.kind == "classification":
+      gold = [str(e.label) for e in ex]
+      return dict(accuracy=metrics_tasks.accuracy(gold, pred), macro_f1=metrics_tasks.macro_f1(gold, pred)), pred
+    if self.kind == "regression":
+      gold = np.asarray([float(e.label) for e in ex])
+      p = np.asarray(pred)
+      pearson = float(np.corrcoef(gold, p)[0, 1]) if len(gold) > 1 and p.std() > 0 and gold.std() > 0 else 0.0
+      return dict(mse=float(np.mean((gold - p) ** 2)), pearson=pearson), pred
+    if self.kind == "token":
+      r = metrics_tasks.conlleval([e.tags for e in ex], pred)
+      return dict(f1=r["f1"], precision=r["precision"], recall=r["recall"], token_accuracy=r["accuracy"]), pred
+    gold = {e.id: [a["text"] for a in e.answers] for e in ex if e.answers}
+    return metrics_tasks.squad(gold, pred), pred
+
+  def write_predictions(self, pred, path: str) -> None:
+    import tensorflow as tf
+    with tf.io.gfile.GFile(path, "w") as f:
+      if self.kind == "qa":
+        json.dump(pred, f, ensure_ascii=False, indent=1, sort_keys=True)
+      elif self.kind == "token":
+        for e, tags in zip(self.eval_examples, pred):
+          for w, g, p in zip(e.words, e.tags, tags):
+            f.write(f"{w} {g} {p}\n")
+          f.write("\n")
+      else:
+        for e, p in zip(self.eval_examples, pred):
+          row = dict(id=e.id, text=e.text, label=e.label, prediction=p)
+          if e.text_b is not None:
+            row["text_b"] = e.text_b
+          f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _read(t: ml_collections.ConfigDict, files) -> list:
+  if t.kind in ("classification", "regression"):
+    return readers.read_table(list(files), t.format, t.text_field, t.label_field, t.text_b_field, t.header,
+                              regression=t.kind == "regression")
+  if t.kind == "token":
+    return readers.read_conll(list(files), t.token_column, t.tag_column)
+  if t.kind == "qa":
+    return readers.read_squad(list(files))
+  raise readers.DataError(f"task.kind={t.kind!r}: expected classification, regression, token or qa")
+
+
+def _encode(t, examples, tok, seq_len, type_vocab_size, labels):
+  if t.kind == "classification":
+    return features.encode_classification(examples, tok, seq_len, labels, type_vocab_size), None
+  if t.kind == "regression":
+    return features.encode_classification(examples, tok, seq_len, None, type_vocab_size), None
+  if t.kind == "token":
+    return features.encode_tokens(examples, tok, seq_len, labels)
+  return qa.encode(examples, tok, seq_len, type_vocab_size, t.max_query_length, t.doc_stride)
+
+
+def _sample(examples: list, n: int) -> list:
+  """A fixed random subset of n examples in file order (files are often sorted by label)."""
+  if not n or len(examples) <= n:
+    return examples
+  keep = np.sort(np.random.default_rng(0).choice(len(examples), n, replace=False))
+  return [examples[i] for i in keep]
+
+
+def build(t: ml_collections.ConfigDict, tok: Tokenizer, seq_len: int, type_vocab_size: int) -> Task:
+  if not t.train_files:
+    raise readers.DataError("task.train_files is empty: name the labeled training files")
+  train = _read(t, t.train_files)
+  if t.eval_files:
+    evals = _read(t, t.eval_files)
+  else:
+    evals = [e for e in train if readers.held_out(e.group, t.eval_percent)]
+    train = [e for e in train if not readers.held_out(e.group, t.eval_percent)]
+  train, evals = _sample(train, t.max_train_examples), _sample(evals, t.max_eval_examples)
+  if not train or not evals:
+    raise readers.DataError(f"task: {len(train)} training and {len(evals)} eval examples; both must be non-empty "
+                            "(check task.train_files / task.eval_files / task.eval_percent)")
+  if t.kind == "token":
+    labels = list(t.labels) or sorted({tag for e in train for tag in e.tags} | {"O"})
+    unseen = sorted({tag for e in evals for tag in e.tags} - set(labels))
+    if unseen:
+      raise readers.DataError(f"eval tags {unseen} never occur in the training data: list all tags in task.labels")
+  elif t.kind == "classification":
+    labels = features.label_vocabulary(train, t.labels)
+  else:
+    labels = []
+  train_arrays, _ = _encode(t, train, tok, seq_len, type_vocab_size, labels)
+  eval_arrays, meta = _encode(t, evals, tok, seq_len, type_vocab_size, labels)
+  return Task(kind=t.kind, labels=labels, train=train_arrays, eval=eval_arrays, eval_examples=evals,
+              eval_meta=meta, max_answer_length=int(t.max_answer_length))
