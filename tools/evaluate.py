@@ -1,0 +1,185 @@
+#!/usr/bin/env python
+"""Judge a pretrained model on held-out text: masked-LM loss / accuracy / perplexity and pseudo-log-likelihood.
+
+  python tools/evaluate.py mlm --workdir=DIR --data='held_out/*.txt' [--step=N] [--seq_len=128]
+  python tools/evaluate.py mlm --hf_dir=HF_DIR --data=held_out.txt.gz
+
+Each non-empty line of the files is a sequence `<s> pieces </s>` (long lines are cut into several).
+
+* MLM: the model's own masking recipe (config.masking of the run; defaults for HF folders) with a
+  fixed seed, so two checkpoints are compared on exactly the same masks. Reports the mean
+  cross-entropy over masked tokens (`loss`), masked-token `accuracy` and `perplexity` = exp(loss).
+* PLL (Salazar et al., 2020, "Masked Language Model Scoring"): for the first `--pll_lines` sequences,
+  every token is masked in turn (one copy of the sequence per token) and log p(token | the rest) is
+  summed. Reports `pll` (the sum), `pll_per_token` and `pseudo_perplexity` = exp(-pll / tokens).
+  It costs one forward pass per token: keep --pll_lines modest on CPU.
+
+Prints one JSON object; errors are one line on stderr and exit code 2.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _parser():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  sub = p.add_subparsers(dest="command", required=True)
+  m = sub.add_parser("mlm", help="masked-LM loss, accuracy, perplexity and pseudo-log-likelihood on text files")
+  m.add_argument("--workdir", default=None, help="training workdir (or a from_hf output folder)")
+  m.add_argument("--hf_dir", default=None, help="a transformers folder, run by our model")
+  m.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+  m.add_argument("--tokenizer", default=None, help="sentencepiece .model for an HF folder without one")
+  m.add_argument("--data", required=True, help="text files: comma-separated globs, .gz read transparently")
+  m.add_argument("--seq_len", type=int, default=128)
+  m.add_argument("--batch_size", type=int, default=32)
+  m.add_argument("--max_lines", type=int, default=0, help="use only the first N sequences (0 = all)")
+  m.add_argument("--pll_lines", type=int, default=50, help="sequences scored by PLL (0 = none)")
+  m.add_argument("--seed", type=int, default=0, help="masking seed")
+  return p
+
+
+def sequences(tok, paths, seq_len: int, max_lines: int = 0) -> list:
+  """`<s> ids </s>` per non-empty line; a line longer than seq_len becomes several sequences."""
+  from mlm_jax.tasks import readers
+  out, body = [], seq_len - 2
+  for path in readers.expand(paths):
+    lines = [l.strip() for l in readers.read_text(path).splitlines() if l.strip()]
+    for ids in tok.encode_batch(lines):
+      for k in range(0, len(ids), body):
+        out.append([tok.bos_id] + ids[k:k + body] + [tok.eos_id])
+        if max_lines and len(out) >= max_lines:
+          return out
+  return out
+
+
+def _pack(rows: list, seq_len: int, pad_id: int, batch_size: int):
+  import numpy as np
+  n = -(-len(rows) // batch_size) * batch_size
+  ids = np.full((n, seq_len), pad_id, np.int32)
+  seg = np.zeros((n, seq_len), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)] = r
+    seg[i, :len(r)] = 1
+  pos = np.where(seg > 0, np.arange(seq_len)[None, :], 0).astype(np.int32)
+  return ids, seg, pos
+
+
+def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int) -> dict:
+  """Masked-LM sums over all rows with fixed masks (key folded with the batch index)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from mlm_jax import masking, objectives
+  graphdef, params = nnx.split(lm.model, nnx.Param)
+  vocab = lm.model_config.vocab_size
+
+  @jax.jit
+  def sums_fn(params, batch, key):
+    model = nnx.merge(graphdef, params)
+    batch = masking.mask_batch(batch, key, kcfg, vocab)
+    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"])
+    y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
+    return objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
+                               batch["masked_weights"])
+
+  ids, seg, pos = _pack(rows, seq_len, lm.tokenizer.pad_id, batch_size)
+  total = None
+  for b in range(0, len(ids), batch_size):
+    batch = dict(input_ids=ids[b:b + batch_size], segment_ids=seg[b:b + batch_size], positions=pos[b:b + batch_size])
+    s = sums_fn(params, batch, jax.random.fold_in(jax.random.key(seed), b // batch_size))
+    total = s if total is None else jax.tree.map(jnp.add, total, s)
+  rates = objectives.summarize(jax.device_get(total))
+  return dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]), perplexity=float(rates["perplexity"]),
+              num_predictions=int(rates["num_predictions"]))
+
+
+def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict:
+  """Sum over tokens (BOS/EOS excluded) of log p(token | sequence with that token masked)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  tok = lm.tokenizer
+  graphdef, params = nnx.split(lm.model, nnx.Param)
+
+  @jax.jit
+  def logprob_fn(params, ids, seg, pos, where, target):
+    model = nnx.merge(graphdef, params)
+    hidden = model(ids, seg, pos)
+    picked = jnp.take_along_axis(hidden, where[:, None, None], axis=1)[:, 0]
+    logp = jax.nn.log_softmax(model.mlm_logits(picked).astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, target[:, None], axis=-1)[:, 0]
+
+  # One copy per (sequence, position), masked there.
+  copies = [(r, i) for r in range(len(rows)) for i in range(1, len(rows[r]) - 1)]
+  total, count = 0.0, 0
+  for b in range(0, len(copies), batch_size):
+    chunk = copies[b:b + batch_size]
+    masked, where, target = [], [], []
+    for r, i in chunk:
+      seq = list(rows[r])
+      target.append(seq[i])
+      seq[i] = tok.mask_id
+      masked.append(seq)
+      where.append(i)
+    n = len(chunk)
+    pad = batch_size - n
+    ids, seg, pos = _pack(masked + [masked[0]] * pad, seq_len, tok.pad_id, batch_size)
+    lp = logprob_fn(params, ids, seg, pos, np.asarray(where + [where[0]] * pad, np.int32),
+                    np.asarray(target + [target[0]] * pad, np.int32))
+    total += float(np.asarray(jax.device_get(lp))[:n].astype(np.float64).sum())
+    count += n
+  per = total / max(count, 1)
+  return dict(pll=total, pll_tokens=count, pll_sequences=len(rows), pll_per_token=per, pseudo_perplexity=math.exp(-per))
+
+
+def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
+                 max_lines=0, pll_lines=50, seed=0) -> dict:
+  from mlm_jax import inference
+  from mlm_jax.convert import checkpoint_io as cio
+  from mlm_jax.defaults import default_config
+  lm = inference.load(workdir=workdir, hf_dir=hf_dir, step=step, tokenizer=tokenizer)
+  cfg = lm.model_config
+  limit = cfg.max_position_embeddings - cfg.position_offset if cfg.positions == "learned" else seq_len
+  if seq_len > limit:
+    raise ValueError(f"--seq_len={seq_len}: the model has positions for {limit} tokens")
+  kcfg = default_config().masking
+  if workdir:
+    run = cio.read_config(workdir)
+    if "masking" in run:
+      kcfg.update({k: v for k, v in run.masking.to_dict().items() if k in kcfg})
+  tok = lm.tokenizer
+  kcfg.mask_id = tok.mask_id
+  kcfg.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
+  rows = sequences(tok, [p for p in data.split(",") if p], seq_len, max_lines)
+  if not rows:
+    raise ValueError(f"--data={data}: no text lines")
+  out = dict(source=lm.source, data=data, sequences=len(rows))
+  out.update(mlm_metrics(lm, kcfg, rows, seq_len, batch_size, seed))
+  if pll_lines:
+    out.update(pseudo_log_likelihood(lm, rows[:pll_lines], seq_len, batch_size))
+  return out
+
+
+def main(argv=None) -> int:
+  a = _parser().parse_args(argv)
+  from mlm_jax.convert.checkpoint_io import ConversionError
+  from mlm_jax.tasks.readers import DataError
+  try:
+    result = evaluate_mlm(workdir=a.workdir, hf_dir=a.hf_dir, data=a.data, step=a.step, tokenizer=a.tokenizer,
+                          seq_len=a.seq_len, batch_size=a.batch_size, max_lines=a.max_lines, pll_lines=a.pll_lines,
+                          seed=a.seed)
+  except (ConversionError, DataError, ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(result, sort_keys=True))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
