@@ -1,32 +1,16 @@
-"""XLM-R large (Conneau et al., 2020, "Unsupervised Cross-lingual Representation Learning at Scale", arXiv:1911.02116).
+"""XLM-R large: configs/xlmr_base.py with size=large (see its docstring for the recipe and hardware).
 
-  python -m mlm_jax.train --config=configs/xlmr_large.py --workdir=gs://BUCKET/xlmr_large \
-      --config.data.sources="('en=gs://BUCKET/cc100/en/*.txt','sw=gs://BUCKET/cc100/sw/*.txt')" \
+  python -m mlm_jax.train --config=configs/xlmr_large.py --workdir=gs://BUCKET/xlmr_large \\
+      --config.data.sources="('en=gs://BUCKET/cc100/en/*.txt','sw=gs://BUCKET/cc100/sw/*.txt')" \\
       --config.data.tokenizer=gs://BUCKET/spm250k.model
-  # tokenizer: python tools/train_tokenizer.py --input='corpus/*/*.txt' --vocab_size=250002 --out=spm250k
-
-Hardware: TPU v5p-512 or 512+ GPUs (bf16 compute, fp32 params, fsdp over the slice). Published recipe:
-L24 H1024 A16, vocab 250002 (sentencepiece unigram, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=250001),
-sequence 512, batch 8192, 1.5M updates, languages sampled with alpha=0.3, Adam (beta2 0.98, eps 1e-6),
-weight decay 0.01, linear warmup then linear decay. The paper does not state the peak learning rate;
-4e-4 (RoBERTa-large's) is used here. Runtime: weeks on 500 V100s in the paper.
-Expected: held-out MLM accuracy ~0.65 averaged over languages on CC-100-like text.
 """
-from mlm_jax import presets
-from mlm_jax.defaults import default_config
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location("xlmr_base", os.path.join(os.path.dirname(__file__), "xlmr_base.py"))
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
 
 
 def get_config():
-  c = default_config()
-  c.model.update(presets.size("large"))
-  c.model.update(dict(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1, position_offset=2,
-                      layer_norm_eps=1e-5, hidden_dropout=0.1, attention_dropout=0.1, dtype="bfloat16"))
-  c.tokenizer.update(dict(layout="xlmr", model_type="unigram", vocab_size=250002, alpha=0.3))
-  c.data.seq_len = 512
-  c.data.packing = "concat"
-  c.data.mix_alpha = 0.3
-  c.optimizer.update(dict(learning_rate=4e-4, warmup_steps=10_000, schedule="linear", b1=0.9, b2=0.98,
-                          eps=1e-6, weight_decay=0.01, clip_norm=1.0))
-  c.train.update(dict(steps=1_500_000, batch_size=8192, log_every=100, eval_every=10_000, save_every=5_000))
-  c.mesh.update(dict(data=1, fsdp=-1, tensor=1))
-  return c
+  return _base.get_config("large")

@@ -85,6 +85,7 @@ def default_config() -> ml_collections.ConfigDict:
   t.log_every = 50
   t.eval_every = 500
   t.eval_batches = 20
+  t.eval_at_start = False        # also evaluate the untrained (or restored) model before the first step
   t.save_every = 500
   t.keep_checkpoints = 3
   t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error

@@ -214,6 +214,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
 
   last = {}
+  if t.eval_at_start and start == 0:
+    ev = _evaluate(trainer, state.params, eval_factory, t.eval_batches, eval_key, tok.pad_id)
+    writer.write(dict(step=0, **ev))
+    logging.info("step 0  eval loss %.4f  acc %.3f  ppl %.2f", ev["eval_loss"], ev["eval_accuracy"],
+                 ev["eval_perplexity"])
   sums, since, t_last = None, 0, time.perf_counter()
   t_start, bad_in_a_row = t_last, 0
   step = start
