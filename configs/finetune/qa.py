@@ -11,7 +11,7 @@ at most `task.max_answer_length` pieces and are cut from the original paragraph 
 Metric: SQuAD v1.1 exact match and F1 (`eval_exact_match`, `eval_f1`, fractions; the official
 script prints percentages); predictions in WORKDIR/predictions.json ({question id: answer}, the
 official script's input).
-Hardware: CPU for the demo model, ~10 minutes; expect low scores from a tiny model on 1k questions
+Hardware: CPU for the demo model, minutes; expect low scores from a tiny model on 1k questions
 (BERT-base fine-tuned on SQuAD's 88k questions reaches EM 81 / F1 88, Devlin et al., 2019).
 """
 import os

@@ -7,10 +7,12 @@ Data: ../shared/data/downstream/sentiment_sentence_polarity (rt-polarity.pos/.ne
 no official split: 10% held out by a stable hash of the text). Your own data: a file per class with
 one example per line, `--config.task.train_files="('pos=my/pos.txt','neg=my/neg.txt')"`, or a
 TSV/CSV/JSONL file with `--config.task.format=tsv --config.task.text_field=1 --config.task.label_field=0`.
-Hardware: CPU is enough for the demo model (4L/128H): ~300 steps of 32 x 64 tokens, a few minutes.
-Expected: held-out accuracy ~0.6 from the demo pretraining (Python docs are far from movie reviews),
-clearly above a randomly initialized model with the same budget (`--config.random_init=True`);
-~0.88 for a RoBERTa-base-sized model (Liu et al., 2019 recipe: AdamW lr 1e-5..3e-5, 6% warmup).
+Hardware: CPU is enough for the demo model (4L/128H): 300 steps of 32 x 64 tokens, a few minutes.
+Expected: a hard task for tiny models. Measured with the demo architecture pretrained 400 steps on
+English news sentences: held-out accuracy 0.65 (random initialization, `--config.random_init=True`:
+0.67; this budget does not separate them, see configs/finetune/sms_spam.py for a task that does).
+Base-sized pretrained encoders reach ~0.9 on this dataset; use their recipe (AdamW lr 1e-5..3e-5,
+6% warmup, a few epochs).
 Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), heads.py.
 """
 import os
