@@ -287,17 +287,18 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
   checkpointer.close()
   best_ckpt.wait()
   result = {}
-  if not preempted and progress["best_step"] is not None:
-    restored, _ = best_ckpt.restore(progress["best_step"], {"params": abstract.params})
+  best_step = best_ckpt.latest_step()   # what is on disk, even if the run died right after saving it
+  if not preempted and best_step is not None:
+    restored, _ = best_ckpt.restore(best_step, {"params": abstract.params})
     ev, pred = evaluate(restored["params"])
     path = os.path.join(workdir, task_lib.PREDICTIONS_FILE[kind])
-    result = dict(best_step=progress["best_step"], best_metric=best_name, predictions=path, **ev)
+    result = dict(best_step=best_step, best_metric=best_name, predictions=path, **ev)
     if jax.process_index() == 0:
       task.write_predictions(pred, path)
       with tf.io.gfile.GFile(os.path.join(workdir, "eval_results.json"), "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
-    logging.info("best %s %.4f at step %d; predictions in %s", best_name, ev[f"eval_{best_name}"],
-                 progress["best_step"], path)
+    logging.info("best %s %.4f at step %d; predictions in %s", best_name, ev[f"eval_{best_name}"], best_step,
+                 path)
   best_ckpt.close()
   writer.close()
   return result
