@@ -46,7 +46,8 @@ def pretrained_workdir(shared_data, tmp_path_factory):
          "--config.data.seq_len=64", "--config.model.max_position_embeddings=66", "--config.model.num_layers=4",
          "--config.model.num_heads=4", "--config.model.hidden_size=128", "--config.model.intermediate_size=512",
          "--config.model.hidden_dropout=0.1", "--config.model.attention_dropout=0.1",
-         "--config.optimizer.learning_rate=1e-3", "--config.optimizer.warmup_steps=30", "--config.train.steps=300",
+         "--config.optimizer.learning_rate=1e-3", "--config.optimizer.warmup_steps=30", "--config.train.batch_size=32",
+         "--config.train.steps=300",
          "--config.train.eval_every=1000", "--config.train.eval_batches=1", "--config.train.save_every=300",
          "--config.train.log_every=50", "--config.train.peak_tflops_per_device=0.1"]
   p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)

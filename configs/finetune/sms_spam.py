@@ -8,7 +8,7 @@ spam, no header, no official split: 10% held out by a stable hash of the message
 `--config.task.train_files="('train.tsv',)" --config.task.eval_files="('dev.tsv',)"
 --config.task.text_field=1 --config.task.label_field=0` (column numbers, or names with
 `--config.task.header=True`; CSV and JSON lines with `--config.task.format=csv|jsonl`).
-Hardware: CPU, 150 steps of 32 x 48 tokens for the demo model: about a minute on 2 cores.
+Hardware: CPU, 150 steps of 32 x 48 tokens for a demo-sized model: about a minute on 2 cores.
 Expected: held-out accuracy ~0.98 from a demo-sized model pretrained a few minutes on English news
 text, against ~0.96 from random initialization with the same budget (`--config.random_init=True`;
 tests/test_finetune_pretrained.py checks that pretraining wins); 87% of the messages are ham.
