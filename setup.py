@@ -41,6 +41,7 @@ setup(
     entry_points={
         "console_scripts": [
             "mlm-jax-train=mlm_jax.train:run",
+            "mlm-jax-finetune=mlm_jax.finetune:run",
         ],
     },
 )

@@ -37,7 +37,7 @@ from ml_collections import config_flags  # noqa: E402
 import ml_collections  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
-from mlm_jax import heads, optim, sharding  # noqa: E402
+from mlm_jax import cli, heads, optim, sharding  # noqa: E402
 from mlm_jax.metrics_writer import MetricsWriter  # noqa: E402
 from mlm_jax.step import TrainState  # noqa: E402
 from mlm_jax.tasks import task as task_lib  # noqa: E402
@@ -309,12 +309,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config and --workdir are required")
-  logging.set_verbosity(logging.INFO)
-  logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or "/orbax/" not in r.pathname)
   sharding.initialize_distributed()
-  if jax.process_index() > 0:
-    logging.set_verbosity(logging.WARNING)
+  cli.setup_logging()
   from mlm_jax.convert.checkpoint_io import ConversionError
   try:
     finetune(_CONFIG.value, _WORKDIR.value, _INIT_FROM.value)
@@ -324,5 +320,10 @@ def main(argv):
     sys.exit(1)
 
 
+def run():
+  """Console-script entry point (`mlm-jax-finetune`)."""
+  cli.run(main)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

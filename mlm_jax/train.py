@@ -10,7 +10,6 @@ No host sync on steps that do not log: metric sums stay on device and are fetche
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from ml_collections import config_flags  # noqa: E402
 import ml_collections  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
+from mlm_jax import cli  # noqa: E402
 from mlm_jax import flops, masking, objectives, sharding, step as step_lib  # noqa: E402
 from mlm_jax.metrics_writer import MetricsWriter  # noqa: E402
 
@@ -284,13 +284,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config and --workdir are required")
-  logging.set_verbosity(logging.INFO)
-  # orbax logs every save phase at INFO; keep the console to the training lines and warnings.
-  logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or "/orbax/" not in r.pathname)
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value)
-  if jax.process_index() > 0:   # one console: process 0 logs, the others only warn
-    logging.set_verbosity(logging.WARNING)
+  cli.setup_logging()
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (TrainError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:
@@ -299,22 +294,9 @@ def main(argv):
     sys.exit(1)
 
 
-_PARSED = []
-
-
 def run():
   """Console-script entry point (`mlm-jax-train`)."""
-  try:
-    app.run(lambda argv: (_PARSED.append(True), main(argv))[1])
-  except (KeyError, AttributeError, TypeError, ValueError) as e:
-    if _PARSED:
-      raise
-    # Raised while absl parses the --config.* overrides into the locked ConfigDict: a key that
-    # does not exist. One line, naming the flag.
-    bad = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
-    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-    print(f"error: bad config override {bad}: unknown key {' '.join(str(msg).split())}", file=sys.stderr)
-    sys.exit(2)
+  cli.run(main)
 
 
 if __name__ == "__main__":

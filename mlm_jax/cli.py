@@ -1,0 +1,44 @@
+"""What every absl binary of mlm_jax shares: console logging and one-line errors for bad overrides."""
+from __future__ import annotations
+
+import ast
+import sys
+from typing import Callable
+
+from absl import app, logging
+
+
+def setup_logging() -> None:
+  """INFO on process 0, WARNING elsewhere; orbax's per-save INFO chatter is dropped."""
+  import jax
+  logging.set_verbosity(logging.INFO if jax.process_index() == 0 else logging.WARNING)
+  logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.converter.ABSL_TO_STANDARD[logging.WARNING] or "/orbax/" not in r.pathname)
+
+
+def run(main: Callable[[list], None]) -> None:
+  """app.run(main), but a --config.* override naming a key that does not exist is one line, exit 2.
+
+  absl parses the overrides into the locked ConfigDict before `main` starts and lets the KeyError
+  escape as a traceback; errors raised once `main` runs are left alone.
+  """
+  started = []
+
+  def wrapped(argv):
+    started.append(True)
+    return main(argv)
+
+  try:
+    app.run(wrapped)
+  except (KeyError, AttributeError, TypeError, ValueError) as e:
+    if started:
+      raise
+    bad = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
+    msg = str(e.args[0] if e.args else e)
+    if msg[:1] in "'\"" and "\\n" in msg:   # some ml_collections errors arrive repr()-quoted
+      try:
+        msg = ast.literal_eval(msg)
+      except (ValueError, SyntaxError):
+        pass
+    print(f"error: bad config override {bad}: unknown key {' '.join(msg.split())}", file=sys.stderr)
+    sys.exit(2)
