@@ -98,3 +98,28 @@ def test_shape_mismatch_names_the_tensor():
   sd["bert.encoder.layer.1.intermediate.dense.bias"] = np.zeros(7, np.float32)
   with pytest.raises(ValueError, match=r"layers\.1\.mlp\.wi_bias: shape \(7,\)"):
     hf.params_from_hf(sd, cfg, "bert", template)
+
+
+def test_bert_pooler_is_imported_when_the_checkpoint_has_one():
+  """Checkpoints saved from BertForPreTraining carry `bert.pooler.*`; the import keeps it."""
+  from mlm_jax.convert import checkpoint_io
+  model, hcfg = _hf_model("bert")
+  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  torch.manual_seed(1)
+  pooled = transformers.BertModel(hcfg).eval()
+  sd["bert.pooler.dense.weight"] = pooled.pooler.dense.weight.detach().numpy()
+  sd["bert.pooler.dense.bias"] = pooled.pooler.dense.bias.detach().numpy()
+  cfg = checkpoint_io.model_config(hcfg.to_dict())
+  graphdef, params = checkpoint_io.params_from_state_dict(sd, cfg, "bert")
+  assert cfg.use_pooler
+  ours = nnx.merge(graphdef, params)
+  ids, mask, types = _padded_batch("bert", 0, hcfg.vocab_size)
+  pooled.load_state_dict({k[len("bert."):]: torch.tensor(v) for k, v in sd.items() if k.startswith("bert.")},
+                         strict=False)
+  with torch.no_grad():
+    ref = pooled(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 token_type_ids=torch.tensor(types)).pooler_output.numpy()
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
+  hidden = ours(jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions),
+                jnp.asarray(types, jnp.int32))
+  np.testing.assert_allclose(np.asarray(ours.pool(hidden)), ref, atol=1e-4)

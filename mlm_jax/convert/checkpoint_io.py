@@ -324,8 +324,12 @@ def model_config(hcfg: dict) -> ml_collections.ConfigDict:
 def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str):
   """(graphdef, params) from an HF state dict, every tensor's presence and shape checked by name."""
   from mlm_jax import step as step_lib
-  graphdef, abstract = step_lib.abstract_model(mcfg)
   sd = _canonical_names(sd, arch)
+  # Checkpoints saved from *ForPreTraining / base models carry the pooler; keep it (fine-tuning
+  # heads use it as BERT does). *ForMaskedLM checkpoints have none.
+  if f"{'bert' if arch == 'bert' else 'roberta'}.pooler.dense.weight" in sd:
+    mcfg.use_pooler = True
+  graphdef, abstract = step_lib.abstract_model(mcfg)
   try:
     return graphdef, hf.params_from_hf(sd, mcfg, arch, abstract)
   except (KeyError, ValueError) as e:
