@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from mlm_jax import aot  # noqa: E402
+from mlm_jax import aot, cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.batch_size=4096.", lock_config=True)
@@ -71,21 +71,5 @@ def main(argv):
     sys.exit(1)
 
 
-_PARSED = []
-
-
-def run():
-  try:
-    app.run(lambda argv: (_PARSED.append(True), main(argv))[1])
-  except (KeyError, AttributeError, TypeError, ValueError) as e:
-    if _PARSED:
-      raise
-    # Raised while absl parses --config.* overrides into the locked ConfigDict: a key that does not exist.
-    bad = " ".join(a for a in sys.argv[1:] if a.startswith("--config."))
-    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-    print(f"error: bad config override {bad}: unknown key {' '.join(str(msg).split())}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  run()
+  cli.run(main)
