@@ -224,8 +224,15 @@ class Encoder(nnx.Module):
   def dtype(self):
     return jnp.dtype(self.cfg.dtype)
 
-  def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None):
+  def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None,
+               activation_sharding=None):
+    """`activation_sharding` pins the [batch, seq, hidden] activations between layers (the train step
+    passes batch over ("data", "fsdp")): with fsdp-sharded weights XLA's propagation otherwise follows
+    the weights' `embed` sharding and replicates the batch, i.e. every chip computes the global batch.
+    """
     cfg, dtype = self.cfg, self.dtype
+    pin = (lambda y: y) if activation_sharding is None else (
+        lambda y: jax.lax.with_sharding_constraint(y, activation_sharding))
     x = jnp.take(self.word_embeddings[...], input_ids, axis=0)
     if cfg.positions == "learned":
       x = x + jnp.take(self.position_embeddings[...], positions + cfg.position_offset, axis=0)
@@ -237,7 +244,7 @@ class Encoder(nnx.Module):
         jax.random.split(dropout_key, cfg.num_layers + 1))
     if cfg.norm == "post":
       x = self.embeddings_norm(x)
-    x = dropout(x, cfg.hidden_dropout, keys[0])
+    x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
     mask = attention_mask(segment_ids)
     layer_fn = Layer.__call__
     if cfg.remat == "full":
@@ -246,7 +253,7 @@ class Encoder(nnx.Module):
       layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,),
                            policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
     for layer, key in zip(self.layers, keys[1:]):
-      x = layer_fn(layer, x, mask, positions, dtype, key)
+      x = pin(layer_fn(layer, x, mask, positions, dtype, key))
     if cfg.norm == "pre":
       x = self.embeddings_norm(x)
     return x

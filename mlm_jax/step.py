@@ -51,11 +51,11 @@ def abstract_model(model_cfg: ml_collections.ConfigDict):
   return nnx.split(model, nnx.Param)
 
 
-def _forward_sums(graphdef, params, batch, dropout_key):
+def _forward_sums(graphdef, params, batch, dropout_key, activation_sharding=None):
   """Summed loss and metric sums over the batch's prediction slots."""
   model = nnx.merge(graphdef, params)
   hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                 dropout_key=dropout_key)
+                 dropout_key=dropout_key, activation_sharding=activation_sharding)
   y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
   sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
                              batch["masked_weights"])
@@ -87,7 +87,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
 
   abstract_state = jax.eval_shape(init_fn)
   state_sh = sharding.state_shardings(abstract_state, mesh, rules)
-  batch_sh = sharding.batch_sharding(mesh)
+  batch_sh = sharding.batch_sharding(mesh)   # also pins [batch, seq, hidden] activations (see model.py)
   repl = sharding.replicated(mesh)
   vocab = mcfg.vocab_size
 
@@ -95,7 +95,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
     step_key = jax.random.fold_in(key, state.step)
     mask_key, dropout_key = jax.random.split(step_key)
     batch = masking.mask_batch(batch, mask_key, kcfg, vocab)
-    grad_fn = jax.grad(lambda p, b, k: _forward_sums(graphdef, p, b, k), has_aux=True)
+    grad_fn = jax.grad(lambda p, b, k: _forward_sums(graphdef, p, b, k, batch_sh), has_aux=True)
     if accum == 1:
       grads, sums = grad_fn(state.params, batch, dropout_key)
     else:
@@ -122,7 +122,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
 
   def eval_step(params, batch, key):
     batch = masking.mask_batch(batch, key, kcfg, vocab)
-    _, sums = _forward_sums(graphdef, params, batch, None)
+    _, sums = _forward_sums(graphdef, params, batch, None, batch_sh)
     return sums
 
   init = jax.jit(init_fn, out_shardings=state_sh)
