@@ -39,6 +39,7 @@ import ml_collections  # noqa: E402
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
 from mlm_jax import cli, heads, optim, sharding  # noqa: E402
 from mlm_jax.metrics_writer import MetricsWriter  # noqa: E402
+from mlm_jax import step as step_lib  # noqa: E402
 from mlm_jax.step import TrainState  # noqa: E402
 from mlm_jax.tasks import task as task_lib  # noqa: E402
 from mlm_jax.tasks.readers import DataError  # noqa: E402
@@ -182,12 +183,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
       return loss_sum / jnp.maximum(count, 1.0), loss_sum
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    new_state = TrainState(step=state.step + 1, params=keep(new_params, state.params),
-                           opt_state=keep(new_opt, state.opt_state),
-                           nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
+    new_state = step_lib.apply_if_finite(state, grads, tx, finite)
     return new_state, dict(loss=loss, learning_rate=schedule(state.step), finite=finite.astype(jnp.float32))
 
   def predict(params, batch):

@@ -66,6 +66,16 @@ def _microbatches(batch, n):
   return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
 
 
+def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, finite) -> TrainState:
+  """One optimizer update; a non-finite step leaves params and optimizer untouched (and is counted)."""
+  updates, new_opt = tx.update(grads, state.opt_state, state.params)
+  new_params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+  return TrainState(step=state.step + 1, params=keep(new_params, state.params),
+                    opt_state=keep(new_opt, state.opt_state),
+                    nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
+
+
 def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None) -> Trainer:
   mcfg, kcfg, ocfg = config.model, config.masking, config.optimizer
   masking.check_config(kcfg, mcfg.vocab_size)
@@ -109,13 +119,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["num_predictions"], 1.0), grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    # A non-finite step leaves params and optimizer untouched (and is counted), never poisons them.
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    new_state = TrainState(step=state.step + 1, params=keep(new_params, state.params),
-                           opt_state=keep(new_opt, state.opt_state),
-                           nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
+    new_state = apply_if_finite(state, grads, tx, finite)
     metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
