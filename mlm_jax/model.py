@@ -66,6 +66,16 @@ def dropout(x, rate: float, key):
   return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x))
 
 
+def gelu(x):
+  """Exact (erf) GELU, as BERT defines it.
+
+  Written with erf rather than jax.nn.gelu(approximate=False), which uses erfc: same values to
+  1e-6 in float32, and XLA's CPU erf is about twice as fast as its erfc (GELU over the FFN
+  activations was ~4% of a mini BERT CPU step).
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(1.0 / math.sqrt(2.0), x.dtype)))
+
+
 class LayerNorm(nnx.Module):
   """LayerNorm computed in float32 whatever the compute dtype (bf16 variance is too coarse)."""
 
@@ -83,12 +93,13 @@ class LayerNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(dtype)
 
 
-def rotary(x, positions, theta: float):
-  """Rotary position embedding (RoFormer) on [batch, seq, heads, head_dim], half-split layout."""
+def rotary(x, positions, theta: float, heads_axis: int = 2):
+  """Rotary position embedding (RoFormer), half-split layout, on [batch, seq, heads, head_dim]
+  (heads_axis=2) or [batch, heads, seq, head_dim] (heads_axis=1)."""
   half = x.shape[-1] // 2
   freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle = positions.astype(jnp.float32)[..., None] * freq            # [B, S, half]
-  cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+  angle = jnp.expand_dims(positions.astype(jnp.float32)[..., None] * freq, heads_axis)   # [B, S, half] + heads
+  cos, sin = jnp.cos(angle), jnp.sin(angle)
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
@@ -121,22 +132,30 @@ class Attention(nnx.Module):
     self.implementation = cfg.attention_impl or None
 
   def __call__(self, x, mask, positions, dtype, key):
-    def proj(kernel, bias):
-      return jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)) + bias[...].astype(dtype)
+    def proj(kernel, bias, spec):
+      bias = bias[...].astype(dtype)                       # [N, D]
+      return jnp.einsum(spec, x, kernel[...].astype(dtype)) + (bias[:, None] if spec.endswith("bnsd") else bias)
 
-    q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
-    if self.rotary:
-      q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
     if key is None or self.dropout_rate <= 0.0:
+      q, k, v = (proj(w, b, "bsh,hnd->bsnd") for w, b in self._qkv())
+      if self.rotary:
+        q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
       out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.implementation)
-    else:
-      # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
-      # with it, so the training path spells attention out (XLA fuses it the same way on CPU).
-      logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-      probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
-      out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
-    return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
+      return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
+    # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains with
+    # it, so the training path spells attention out. It projects straight into the heads-major
+    # [B, N, S, D] layout, where the batched matmuls over (batch, head) need no transposed copies.
+    q, k, v = (proj(w, b, "bsh,hnd->bnsd") for w, b in self._qkv())
+    if self.rotary:
+      q, k = rotary(q, positions, self.rope_theta, 1), rotary(k, positions, self.rope_theta, 1)
+    logits = jnp.einsum("bnqd,bnkd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
+    out = jnp.einsum("bnqk,bnkd->bnqd", probs, v)
+    return jnp.einsum("bnsd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
+
+  def _qkv(self):
+    return ((self.q_kernel, self.q_bias), (self.k_kernel, self.k_bias), (self.v_kernel, self.v_bias))
 
 
 class MLP(nnx.Module):
@@ -154,7 +173,7 @@ class MLP(nnx.Module):
     self.wo_bias = _param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
 
   def __call__(self, x, dtype):
-    y = jax.nn.gelu(x @ self.wi_kernel[...].astype(dtype) + self.wi_bias[...].astype(dtype), approximate=False)
+    y = gelu(x @ self.wi_kernel[...].astype(dtype) + self.wi_bias[...].astype(dtype))
     if self.gated:
       y = y * (x @ self.wg_kernel[...].astype(dtype) + self.wg_bias[...].astype(dtype))
     return y @ self.wo_kernel[...].astype(dtype) + self.wo_bias[...].astype(dtype)
@@ -261,8 +280,7 @@ class Encoder(nnx.Module):
   def mlm_transform(self, hidden):
     """The MLM head before the vocabulary projection: dense -> GELU -> LayerNorm."""
     dtype = self.dtype
-    y = jax.nn.gelu(hidden @ self.head_kernel[...].astype(dtype) + self.head_bias[...].astype(dtype),
-                    approximate=False)
+    y = gelu(hidden @ self.head_kernel[...].astype(dtype) + self.head_bias[...].astype(dtype))
     return self.head_norm(y)
 
   def mlm_logits(self, hidden):

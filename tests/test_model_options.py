@@ -42,6 +42,17 @@ def test_modern_options_run_and_differentiate(opts):
     assert model.pool(model(ids, seg, pos)).shape == (3, 32)
 
 
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_training_attention_path_equals_fused_attention(positions):
+  """The spelled-out attention used when attention dropout is on (heads-major layout, masks, rotary)
+  gives what jax.nn.dot_product_attention gives, once its dropout keeps (almost) everything."""
+  model = Encoder(_cfg(positions=positions, attention_dropout=1e-9))
+  ids, seg, pos = _inputs()
+  real = np.asarray(seg) > 0
+  train = model(ids, seg, pos, dropout_key=jax.random.key(3))
+  np.testing.assert_allclose(np.asarray(train)[real], np.asarray(model(ids, seg, pos))[real], atol=1e-5)
+
+
 def test_documents_do_not_attend_to_each_other():
   """Changing document 2 of a row leaves document 1's hidden states unchanged (segment masks)."""
   model = Encoder(_cfg())
