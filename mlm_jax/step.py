@@ -67,12 +67,17 @@ def _microbatches(batch, n):
 
 
 def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, finite) -> TrainState:
-  """One optimizer update; a non-finite step leaves params and optimizer untouched (and is counted)."""
-  updates, new_opt = tx.update(grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-  return TrainState(step=state.step + 1, params=keep(new_params, state.params),
-                    opt_state=keep(new_opt, state.opt_state),
+  """One optimizer update; a non-finite step leaves params and optimizer untouched (and is counted).
+
+  A lax.cond rather than a jnp.where over the tree: the skipped branch costs nothing, where a select
+  reads old and new values of every parameter and moment (~3% of a mini BERT CPU step).
+  """
+  def update(_):
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), new_opt
+
+  params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
 
