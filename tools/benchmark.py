@@ -38,9 +38,10 @@ def train_main(argv):
 
   import jax
   import numpy as np
-  from mlm_jax import flops, masking, sharding, step
+  from mlm_jax import cli, flops, masking, sharding, step
   from mlm_jax.defaults import default_config
 
+  kept = cli.keep_freed_memory()   # as the training binary does on CPU
   c = default_config()
   c.model.update(PRESETS[args.model])
   c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
@@ -95,7 +96,7 @@ def train_main(argv):
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
       mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=loss,
-      versions=dict(jax=jax.__version__),
+      keep_freed_memory=kept, versions=dict(jax=jax.__version__),
   )
   print(json.dumps(result))
 
