@@ -6,6 +6,7 @@ with one tokenizer trained once per session, so each run takes seconds.
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +62,22 @@ def _error_line(proc):
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
   assert len(lines) == 1, proc.stderr[-3000:]
   return lines[0]
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory, corpus_and_tokenizer):
+  """A workdir holding a finished 2-step run (checkpoint 2); tests take copies of it."""
+  wd = tmp_path_factory.mktemp("two_step") / "run"
+  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", steps=2))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert _steps(wd) == [2]
+  return wd
+
+
+def _copy_of(run, tmp_path):
+  wd = tmp_path / "run"
+  shutil.copytree(run, wd)
+  return wd
 
 
 def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer):
@@ -160,10 +177,8 @@ def test_missing_corpus_is_one_line(tmp_path, corpus_and_tokenizer):
   assert "/nonexistent/*.txt" in _error_line(p)
 
 
-def test_checkpoint_of_another_shape_is_refused_and_kept(tmp_path, corpus_and_tokenizer):
-  wd = tmp_path / "run"
-  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", steps=2))
-  assert p.returncode == 0, p.stderr[-3000:]
+def test_checkpoint_of_another_shape_is_refused_and_kept(tmp_path, corpus_and_tokenizer, two_step_run):
+  wd = _copy_of(two_step_run, tmp_path)
   before = sorted(str(x.relative_to(wd)) for x in (wd / "checkpoints").rglob("*"))
   config_before = (wd / "config.json").read_text()
   p = _run(_cmd(wd, corpus_and_tokenizer, "--config.model.intermediate_size=96", steps=4))
@@ -176,10 +191,8 @@ def test_checkpoint_of_another_shape_is_refused_and_kept(tmp_path, corpus_and_to
 
 
 @pytest.mark.parametrize("mode", ["skip", "stop"])
-def test_nonfinite_guard(tmp_path, corpus_and_tokenizer, mode):
-  wd = tmp_path / "run"
-  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", steps=2))
-  assert p.returncode == 0, p.stderr[-3000:]
+def test_nonfinite_guard(tmp_path, corpus_and_tokenizer, two_step_run, mode):
+  wd = _copy_of(two_step_run, tmp_path)
   # An absurd learning rate: the first update blows the weights up, every later loss is NaN.
   p = _run(_cmd(wd, corpus_and_tokenizer, "--config.optimizer.learning_rate=1e30",
                 "--config.optimizer.warmup_steps=0", "--config.train.save_every=1",
