@@ -183,7 +183,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
       return loss_sum / jnp.maximum(count, 1.0), loss_sum
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-    new_state = step_lib.apply_if_finite(state, grads, tx, finite)
+    new_state = step_lib.apply_if_finite(state, grads, tx, finite, sharding.platform(mesh))
     return new_state, dict(loss=loss, learning_rate=schedule(state.step), finite=finite.astype(jnp.float32))
 
   def predict(params, batch):

@@ -93,13 +93,12 @@ class LayerNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(dtype)
 
 
-def rotary(x, positions, theta: float, heads_axis: int = 2):
-  """Rotary position embedding (RoFormer), half-split layout, on [batch, seq, heads, head_dim]
-  (heads_axis=2) or [batch, heads, seq, head_dim] (heads_axis=1)."""
+def rotary(x, positions, theta: float):
+  """Rotary position embedding (RoFormer) on [batch, seq, heads, head_dim], half-split layout."""
   half = x.shape[-1] // 2
   freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle = jnp.expand_dims(positions.astype(jnp.float32)[..., None] * freq, heads_axis)   # [B, S, half] + heads
-  cos, sin = jnp.cos(angle), jnp.sin(angle)
+  angle = positions.astype(jnp.float32)[..., None] * freq            # [B, S, half]
+  cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
@@ -132,27 +131,23 @@ class Attention(nnx.Module):
     self.implementation = cfg.attention_impl or None
 
   def __call__(self, x, mask, positions, dtype, key):
-    def proj(kernel, bias, spec):
-      bias = bias[...].astype(dtype)                       # [N, D]
-      return jnp.einsum(spec, x, kernel[...].astype(dtype)) + (bias[:, None] if spec.endswith("bnsd") else bias)
+    def proj(kernel, bias):
+      return jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)) + bias[...].astype(dtype)
 
-    if key is None or self.dropout_rate <= 0.0:
-      q, k, v = (proj(w, b, "bsh,hnd->bsnd") for w, b in self._qkv())
-      if self.rotary:
-        q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.implementation)
-      return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
-    # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains with
-    # it, so the training path spells attention out. It projects straight into the heads-major
-    # [B, N, S, D] layout, where the batched matmuls over (batch, head) need no transposed copies.
-    q, k, v = (proj(w, b, "bsh,hnd->bnsd") for w, b in self._qkv())
+    q, k, v = (proj(w, b) for w, b in self._qkv())
     if self.rotary:
-      q, k = rotary(q, positions, self.rope_theta, 1), rotary(k, positions, self.rope_theta, 1)
-    logits = jnp.einsum("bnqd,bnkd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
-    out = jnp.einsum("bnqk,bnkd->bnqd", probs, v)
-    return jnp.einsum("bnsd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
+      q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
+    if key is None or self.dropout_rate <= 0.0:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.implementation)
+    else:
+      # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
+      # with it, so the training path spells attention out. (Projecting straight to a heads-major
+      # [B, N, S, D] layout was ~3% faster on CPU but ~3.5% slower in XLA's TPU cost model.)
+      logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
+      out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
+    return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
 
   def _qkv(self):
     return ((self.q_kernel, self.q_bias), (self.k_kernel, self.k_bias), (self.v_kernel, self.v_bias))

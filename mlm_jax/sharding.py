@@ -104,6 +104,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def platform(mesh: Mesh) -> str:
+  """The platform ("cpu", "tpu", "gpu") of the devices a mesh spans."""
+  return mesh.devices.flat[0].platform
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

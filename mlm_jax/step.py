@@ -66,17 +66,25 @@ def _microbatches(batch, n):
   return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
 
 
-def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, finite) -> TrainState:
+def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, finite,
+                    platform: str = "cpu") -> TrainState:
   """One optimizer update; a non-finite step leaves params and optimizer untouched (and is counted).
 
-  A lax.cond rather than a jnp.where over the tree: the skipped branch costs nothing, where a select
-  reads old and new values of every parameter and moment (~3% of a mini BERT CPU step).
+  On CPU a lax.cond, whose skipped branch costs nothing, where a select reads old and new values of
+  every parameter and moment (~3% of a mini BERT CPU step). On accelerators the select fuses into
+  the update and is free, while the cond cost ~6% in XLA's TPU cost model: `platform` is that of the
+  mesh the step runs on (not the host's: the AOT tool compiles TPU programs on a CPU host).
   """
   def update(_):
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), new_opt
 
-  params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
+  if platform == "cpu":
+    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
+  else:
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_params, new_opt = update(None)
+    params, opt_state = keep(new_params, state.params), keep(new_opt, state.opt_state)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
@@ -124,7 +132,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["num_predictions"], 1.0), grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
-    new_state = apply_if_finite(state, grads, tx, finite)
+    new_state = apply_if_finite(state, grads, tx, finite, sharding.platform(mesh))
     metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
                    finite=finite.astype(jnp.float32))
     return new_state, metrics

@@ -44,8 +44,8 @@ def test_modern_options_run_and_differentiate(opts):
 
 @pytest.mark.parametrize("positions", ["learned", "rotary"])
 def test_training_attention_path_equals_fused_attention(positions):
-  """The spelled-out attention used when attention dropout is on (heads-major layout, masks, rotary)
-  gives what jax.nn.dot_product_attention gives, once its dropout keeps (almost) everything."""
+  """The spelled-out attention used when attention dropout is on (masks, rotary) gives what
+  jax.nn.dot_product_attention gives, once its dropout keeps (almost) everything."""
   model = Encoder(_cfg(positions=positions, attention_dropout=1e-9))
   ids, seg, pos = _inputs()
   real = np.asarray(seg) > 0
