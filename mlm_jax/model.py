@@ -134,7 +134,7 @@ class Attention(nnx.Module):
     def proj(kernel, bias):
       return jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)) + bias[...].astype(dtype)
 
-    q, k, v = (proj(w, b) for w, b in self._qkv())
+    q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
     if self.rotary:
       q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
     if key is None or self.dropout_rate <= 0.0:
@@ -148,9 +148,6 @@ class Attention(nnx.Module):
       probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
       out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
     return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
-
-  def _qkv(self):
-    return ((self.q_kernel, self.q_bias), (self.k_kernel, self.k_bias), (self.v_kernel, self.v_bias))
 
 
 class MLP(nnx.Module):
