@@ -36,7 +36,10 @@ def keep_freed_memory() -> bool:
   except OSError:
     return False
   m_trim_threshold, m_mmap_max = -1, -4   # mallopt parameters, from glibc's <malloc.h>
-  return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+  kept = bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+  if kept:
+    logging.info("CPU backend: freed memory is kept for reuse (MLM_JAX_KEEP_FREED_MEMORY=0 turns this off)")
+  return kept
 
 
 def run(main: Callable[[list], None]) -> None:

@@ -307,8 +307,7 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required")
   sharding.initialize_distributed()
   cli.setup_logging()
-  if cli.keep_freed_memory():
-    logging.info("CPU backend: freed memory is kept for reuse (MLM_JAX_KEEP_FREED_MEMORY=0 turns this off)")
+  cli.keep_freed_memory()
   from mlm_jax.convert.checkpoint_io import ConversionError
   try:
     finetune(_CONFIG.value, _WORKDIR.value, _INIT_FROM.value)

@@ -286,8 +286,7 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required")
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value)
   cli.setup_logging()
-  if cli.keep_freed_memory():
-    logging.info("CPU backend: freed memory is kept for reuse (MLM_JAX_KEEP_FREED_MEMORY=0 turns this off)")
+  cli.keep_freed_memory()
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (TrainError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:
