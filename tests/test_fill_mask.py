@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+from subproc import cpu_env
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -30,15 +32,6 @@ def _tool(name):
   return module
 
 
-def _env(devices=1):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  if devices > 1:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-  return env
-
-
 def _train_cmd(workdir, corpus, spm, *overrides, steps):
   return [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
           "--config.demo_corpus=False", f"--config.data.sources=('docs={corpus}',)",
@@ -51,7 +44,7 @@ def _train_cmd(workdir, corpus, spm, *overrides, steps):
 
 
 def _run(cmd, devices=1, timeout=300):
-  return subprocess.run(cmd, cwd=REPO, env=_env(devices), capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=timeout)
 
 
 def _losses(workdir):

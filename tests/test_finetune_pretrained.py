@@ -17,22 +17,15 @@ predicting the majority class before it learns the spam vocabulary; the pretrain
 has word representations to build on.
 """
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
+from subproc import cpu_env
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _env():
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)          # one CPU device per run
-  env["JAX_PLATFORMS"] = "cpu"
-  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  return env
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +43,7 @@ def pretrained_workdir(shared_data, tmp_path_factory):
          "--config.train.steps=300",
          "--config.train.eval_every=1000", "--config.train.eval_batches=1", "--config.train.save_every=300",
          "--config.train.log_every=50", "--config.train.peak_tflops_per_device=0.1"]
-  p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+  p = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=900)
   assert p.returncode == 0, p.stderr[-3000:]
   return wd
 
@@ -63,7 +56,7 @@ def _finetune_cmd(workdir, init_from, *extra):
 
 def test_pretrained_beats_random_init_on_sms_spam(pretrained_workdir, tmp_path):
   runs = {"pretrained": [], "random": ["--config.random_init=True"]}
-  procs = {name: subprocess.Popen(_finetune_cmd(tmp_path / name, pretrained_workdir, *extra), cwd=REPO, env=_env(),
+  procs = {name: subprocess.Popen(_finetune_cmd(tmp_path / name, pretrained_workdir, *extra), cwd=REPO, env=cpu_env(),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
            for name, extra in runs.items()}
   acc, logs = {}, {}

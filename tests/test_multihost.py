@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from subproc import cpu_env
+
 from test_train import REPO, _losses
 
 STEPS = 20
@@ -25,13 +27,6 @@ def _free_port():
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
-
-
-def _env(devices):
-  env = dict(os.environ)
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-             TF_CPP_MIN_LOG_LEVEL="2")
-  return env
 
 
 def _args(workdir, data, *extra, steps=STEPS):
@@ -48,7 +43,7 @@ def _args(workdir, data, *extra, steps=STEPS):
 
 def _single(workdir, data, *extra, steps=STEPS):
   cmd = [sys.executable, "-m", "mlm_jax.train", *_args(workdir, data, *extra, steps=steps)]
-  return subprocess.run(cmd, cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=600)
+  return subprocess.run(cmd, cwd=REPO, env=cpu_env(8), capture_output=True, text=True, timeout=600)
 
 
 def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
@@ -57,7 +52,7 @@ def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
   for i in range(2):
     cmd = [sys.executable, "-m", "mlm_jax.train", f"--coordinator_address=localhost:{port}", "--num_processes=2",
            f"--process_id={i}", f"--heartbeat_timeout_s={heartbeat}", *_args(workdir, data, *extra, steps=steps)]
-    procs.append(subprocess.Popen(cmd, cwd=REPO, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs.append(subprocess.Popen(cmd, cwd=REPO, env=cpu_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True))
   return procs
 

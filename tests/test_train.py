@@ -14,15 +14,9 @@ import time
 
 import pytest
 
+from subproc import cpu_env
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _env():
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)          # one CPU device per run
-  env["JAX_PLATFORMS"] = "cpu"
-  env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  return env
 
 
 def _cmd(workdir, data, *overrides, steps=12):
@@ -39,7 +33,7 @@ def _cmd(workdir, data, *overrides, steps=12):
 
 
 def _run(cmd, timeout=300):
-  return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def _losses(workdir):
@@ -93,7 +87,7 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer):
   killed = tmp_path / "killed"
   cmd = _cmd(killed, corpus_and_tokenizer, f"--config.train.save_every={n}",
              "--config.train.eval_every=1", "--config.train.eval_batches=8", steps=2 * n)
-  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
     if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
@@ -116,7 +110,7 @@ def test_sigterm_saves_current_step_and_rerun_continues(tmp_path, corpus_and_tok
   wd = tmp_path / "run"
   cmd = _cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1000", "--config.train.eval_every=1",
              "--config.train.eval_batches=8", steps=400)
-  proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
     if os.path.exists(wd / "metrics.jsonl") and max(_losses(wd), default=0) >= 3:
@@ -145,7 +139,7 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
   caught = False
   for _ in range(3):
     proc = subprocess.Popen(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1", *big, steps=40),
-                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
       if any("tmp" in x for x in os.listdir(ckpt_dir)):
