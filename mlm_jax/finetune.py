@@ -306,8 +306,8 @@ def main(argv):
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config and --workdir are required")
   sharding.initialize_distributed()
+  cli.keep_freed_memory()   # before setup_logging: that starts the backend
   cli.setup_logging()
-  cli.keep_freed_memory()
   from mlm_jax.convert.checkpoint_io import ConversionError
   try:
     finetune(_CONFIG.value, _WORKDIR.value, _INIT_FROM.value)

@@ -285,8 +285,8 @@ def main(argv):
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config and --workdir are required")
   sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value)
+  cli.keep_freed_memory()   # before setup_logging: that starts the backend
   cli.setup_logging()
-  cli.keep_freed_memory()
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (TrainError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:
