@@ -6,8 +6,9 @@
 
 `train` runs the real train step (masking, sparse MLM loss, AdamW; dropout 0.1 like the peers in
 ../shared/bench) on random token batches and reports tokens/s, compile time, peak RSS, model FLOPs
-per token, achieved TFLOP/s, the machine's measured matmul peak and MFU. Compare with peers only
-when measured side by side on the same machine.
+per token, achieved TFLOP/s, the machine's measured matmul peak and MFU, and the minor page faults
+per step (near 0 when `cli.keep_freed_memory` works; ~200k for mini when XLA's scratch is handed
+back to the OS every step). Compare with peers only when measured side by side on the same machine.
 """
 import argparse
 import json
@@ -74,6 +75,7 @@ def train_main(argv):
     state, m = compiled(state, batches[i % 4], key)
   jax.block_until_ready(state)
   times = []
+  faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   t_all = time.perf_counter()
   for i in range(args.steps):
     t = time.perf_counter()
@@ -81,6 +83,7 @@ def train_main(argv):
     jax.block_until_ready((state.params, m))
     times.append(time.perf_counter() - t)
   total = time.perf_counter() - t_all
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
   loss = float(m["loss_sum"] / m["num_predictions"])
 
   tokens_per_sec = b * s * args.steps / total
@@ -96,7 +99,7 @@ def train_main(argv):
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
       mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=loss,
-      keep_freed_memory=kept, versions=dict(jax=jax.__version__),
+      keep_freed_memory=kept, page_faults_per_step=faults / args.steps, versions=dict(jax=jax.__version__),
   )
   print(json.dumps(result))
 

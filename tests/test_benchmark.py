@@ -1,0 +1,24 @@
+"""tools/benchmark.py train runs the real step and ends with the JSON line the README documents."""
+import json
+import os
+import subprocess
+import sys
+
+from subproc import cpu_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_train_benchmark_prints_its_json_line():
+  out = subprocess.run(
+      [sys.executable, "tools/benchmark.py", "train", "--model=mini", "--seq_len=32", "--batch=4",
+       "--steps=3", "--vocab=1000", "--peak_gflops=100"],
+      cwd=REPO, env=cpu_env(1), capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  for k in ("tokens_per_sec", "steps_per_sec", "compile_s", "peak_rss_mb", "model_flops_per_token",
+            "achieved_tflops", "peak_tflops", "mfu", "page_faults_per_step"):
+    assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])
+  assert r["tokens_per_sec"] > 0 and r["keep_freed_memory"] is True
+  assert r["prediction_slots"] == 8 and r["peak_tflops"] == 0.1   # ceil(0.15 * 32) -> 5 -> 8; as given
+  assert abs(r["mfu"] - r["achieved_tflops"] / r["peak_tflops"]) < 1e-9
