@@ -135,7 +135,7 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   summary = cio.from_hf(str(src), str(out), tokenizer=spm["xlmr"].model_path)
   config = cio.read_config(str(out))
   assert config.init_from == str(out) and config.data.tokenizer == summary["tokenizer"]
-  assert f"--config.model.hidden_size=32" in summary["train_flags"]
+  assert "--config.model.hidden_size=32" in summary["train_flags"]
   _, abstract = step.abstract_model(config.model)
   params = checkpoint.load_params(str(out), abstract)
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()

@@ -8,7 +8,6 @@ import math
 import pathlib
 import sys
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
