@@ -5,8 +5,10 @@ import sys
 
 from subproc import cpu_env
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # A jitted function whose two 64 MiB temporaries XLA allocates from its worker threads on every
-# call (cheap: 4 GFLOP): the page faults per call show whether that memory was handed back to the OS in between.
+# call (cheap: 4 GFLOP): the page faults per call show whether that memory went back to the OS.
 _PROBE = """
 import resource
 from mlm_jax import cli
@@ -30,8 +32,7 @@ print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 
 def _probe(keep: str):
   env = dict(cpu_env(1), MLM_JAX_KEEP_FREED_MEMORY=keep)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  out = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=root, capture_output=True, text=True,
+  out = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   kept, faults = out.stdout.split()[-2:]
