@@ -28,7 +28,8 @@ def train_main(argv):
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--steps", type=int, default=20)
-  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--warmup", type=int, default=5,
+                 help="untimed steps after compiling; glibc's heap reaches its high-water mark in these")
   p.add_argument("--vocab", type=int, default=32000)
   p.add_argument("--dtype", default="float32", help="compute dtype (float32 | bfloat16)")
   p.add_argument("--dropout", type=float, default=0.1)
