@@ -26,7 +26,7 @@ def keep_freed_memory() -> bool:
   page-faulted its scratch in again: 200k minor faults (~0.8 GB) per mini BERT step on a 2-core
   VM, 15-20% of the step. With one arena (the main heap), no mmap for large blocks and no trimming,
   that memory stays mapped for the next step; the price is resident memory at its high-water mark
-  plus fragmentation (peak RSS 2.2-3.6 GB instead of 1.6 GB for that step).
+  plus fragmentation (peak RSS 2.2-4.5 GB instead of 1.6 GB for that step).
 
   Call it before anything starts the JAX backend: a thread keeps the arena it first allocated from.
   It starts the backend itself to learn the platform and, on accelerators, puts glibc's arena limit
