@@ -1,6 +1,10 @@
 """The environment for the tests' subprocesses of the real binaries: CPU only, quiet TensorFlow, and
-exactly `devices` fake CPU devices (the pytest process's own 8-device XLA_FLAGS is not inherited)."""
+exactly `devices` fake CPU devices (the pytest process's own 8-device XLA_FLAGS is not inherited),
+run from the repository root."""
 import os
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def cpu_env(devices: int = 1) -> dict:

@@ -8,15 +8,14 @@ absurd batch that does not fit on v5e:2x2 (XLA refuses it early, in a few second
 import importlib.util
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
+from subproc import REPO
 
 from mlm_jax import aot
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # A hidden-256, 4-head, vocab-32000 encoder at seq 128, 2 layers, on top of configs/demo.py with
 # every field the assertions depend on set here (the demo's own sizes change with its recipe).

@@ -1,12 +1,9 @@
 """tools/benchmark.py train runs the real step and ends with the JSON line the README documents."""
 import json
-import os
 import subprocess
 import sys
 
-from subproc import cpu_env
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from subproc import REPO, cpu_env
 
 
 def test_train_benchmark_prints_its_json_line():

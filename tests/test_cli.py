@@ -1,12 +1,9 @@
 """The runtime tuning the binaries share (mlm_jax/cli.py)."""
-import os
 import subprocess
 import sys
 
 import pytest
-from subproc import cpu_env
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from subproc import REPO, cpu_env
 
 # A jitted function whose two 64 MiB temporaries XLA allocates from its worker threads on every
 # call (cheap: 4 GFLOP): the page faults per call show whether that memory went back to the OS.

@@ -9,19 +9,17 @@ import importlib.util
 import json
 import math
 import os
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from subproc import cpu_env
+from subproc import REPO, cpu_env
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 SENTENCE = "Return a new <mask> containing the items of the list."
 
 

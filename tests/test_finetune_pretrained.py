@@ -17,15 +17,13 @@ predicting the majority class before it learns the spam vocabulary; the pretrain
 has word representations to build on.
 """
 import json
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from subproc import cpu_env
+from subproc import REPO, cpu_env
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")

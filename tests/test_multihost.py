@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from subproc import cpu_env
+from subproc import REPO, cpu_env
 
-from test_train import REPO, _losses
+from test_train import _losses
 
 STEPS = 20
 

@@ -5,7 +5,6 @@ with one tokenizer trained once per session, so each run takes seconds.
 """
 import json
 import os
-import pathlib
 import shutil
 import signal
 import subprocess
@@ -14,9 +13,8 @@ import time
 
 import pytest
 
-from subproc import cpu_env
+from subproc import REPO, cpu_env
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _cmd(workdir, data, *overrides, steps=12):
