@@ -56,6 +56,16 @@ def mixing_weights(sizes: Sequence[float], alpha: float) -> list:
   return [x / total for x in w]
 
 
+def _as_written(fn):
+  """`fn` for Dataset.map, traced without autograph.
+
+  The tokenize-and-pack functions are graph code already (tf.while_loop, no Python branches on
+  tensors); autograph's rewrite of them and of the tokenizer cost ~1.3 s of every pipeline's
+  construction (demo config, 2-core VM), twice at the start of every training run.
+  """
+  return tf.autograph.experimental.do_not_convert(fn)
+
+
 def _seed(seed: int, *salt: int) -> int:
   """A derived op seed: distinct per use, stable across runs (tf.data seeds are int64)."""
   h = hashlib.sha256(repr((int(seed),) + tuple(int(s) for s in salt)).encode()).digest()
@@ -108,8 +118,8 @@ class _Packer:
     """
     del finite  # every batch is flushed: nothing is ever left over
     s = self.seq_len
-    return doc_batches.map(lambda b: self._pack_rows(*self._chunks(to_ids(b), s - 2)),
-                           num_parallel_calls=self.npc).unbatch()
+    pack = _as_written(lambda b: self._pack_rows(*self._chunks(to_ids(b), s - 2)))
+    return doc_batches.map(pack, num_parallel_calls=self.npc).unbatch()
 
   def _pack_rows(self, ids: tf.RaggedTensor, ws: tf.RaggedTensor) -> dict:
     """Chunks (each <= seq_len, BOS/EOS included) -> {feature: [rows, seq_len]}."""
@@ -160,7 +170,7 @@ class _Packer:
       ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
       return ids, ws
 
-    pieces = doc_batches.map(flatten, num_parallel_calls=self.npc)
+    pieces = doc_batches.map(_as_written(flatten), num_parallel_calls=self.npc)
     if finite:
       pieces = pieces.concatenate(tf.data.Dataset.from_tensors(
           (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
