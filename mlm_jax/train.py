@@ -94,6 +94,9 @@ class _RowSlice:
   def __next__(self):
     return {k: v[self.start:self.start + self.size] for k, v in next(self.pipeline).items()}
 
+  def rewind(self):
+    self.pipeline.rewind()
+
   def get_state(self):
     return self.pipeline.get_state()
 
@@ -134,7 +137,7 @@ def _peak_flops(config) -> float:
   return per * jax.device_count()
 
 
-def _evaluate(trainer, params, eval_pipeline_factory, num_batches, key, pad_id) -> dict:
+def _evaluate(trainer, params, eval_pipeline, num_batches, key, pad_id) -> dict:
   """Held-out metrics over `num_batches` global batches with fixed masks (comparable across evals).
 
   Every process runs exactly `num_batches` steps (collectives must line up); a process whose
@@ -144,11 +147,12 @@ def _evaluate(trainer, params, eval_pipeline_factory, num_batches, key, pad_id) 
   shape = (rows, trainer.config.data.seq_len)
   filler = {k: np.full(shape, pad_id if k == "input_ids" else 0, np.int32)
             for k in ("input_ids", "segment_ids", "positions", "word_starts")}
-  it, sums = iter(eval_pipeline_factory()), None
+  pipeline, sums = eval_pipeline(), None
   for _ in range(num_batches):
-    batch = next(it, filler)
+    batch = next(pipeline, filler)
     s = trainer.eval_step(params, sharding.global_batch(batch, trainer.batch_sharding), key)
     sums = s if sums is None else jax.tree.map(jnp.add, sums, s)
+  pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
   host = jax.device_get(sums) if sums is not None else None
   if host is None or host["num_predictions"] == 0:
     raise TrainError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
@@ -179,7 +183,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if t.batch_size % n_proc:
     raise TrainError(f"train.batch_size={t.batch_size} is not divisible by the {n_proc} processes")
   pipeline = _host_pipeline(pipeline_lib, config, tok, "train")
-  eval_factory = lambda: _host_pipeline(pipeline_lib, config, tok, "eval")
+  eval_pipelines = []   # built at the first evaluation (~1 s of tf.data tracing), reused after
+
+  def eval_pipeline():
+    if not eval_pipelines:
+      eval_pipelines.append(_host_pipeline(pipeline_lib, config, tok, "eval"))
+    return eval_pipelines[0]
 
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints)
   abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
@@ -215,7 +224,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   last = {}
   if t.eval_at_start and start == 0:
-    ev = _evaluate(trainer, state.params, eval_factory, t.eval_batches, eval_key, tok.pad_id)
+    ev = _evaluate(trainer, state.params, eval_pipeline, t.eval_batches, eval_key, tok.pad_id)
     writer.write(dict(step=0, **ev))
     logging.info("step 0  eval loss %.4f  acc %.3f  ppl %.2f", ev["eval_loss"], ev["eval_accuracy"],
                  ev["eval_perplexity"])
@@ -255,7 +264,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       sums, since, t_last = None, 0, time.perf_counter()
 
     if step % t.eval_every == 0 or step == t.steps:
-      ev = _evaluate(trainer, state.params, eval_factory, t.eval_batches, eval_key, tok.pad_id)
+      ev = _evaluate(trainer, state.params, eval_pipeline, t.eval_batches, eval_key, tok.pad_id)
       writer.write(dict(step=step, **ev))
       logging.info("step %d  eval loss %.4f  acc %.3f  ppl %.2f", step, ev["eval_loss"], ev["eval_accuracy"],
                    ev["eval_perplexity"])

@@ -153,6 +153,12 @@ def test_eval_split_holdout_is_finite_and_disjoint(shared_data, tok):
   assert (ev[-1]["segment_ids"][-1] == 0).all()  # the last batch is filled with padding rows
   again = list(pipeline.Pipeline(cfg, tok, 16, 0, split="eval"))
   assert all((a["input_ids"] == b["input_ids"]).all() for a, b in zip(ev, again))
+  # The trainer builds its eval pipeline once and rewinds it for every evaluation.
+  reused = pipeline.Pipeline(cfg, tok, 16, 0, split="eval")
+  next(reused), next(reused)
+  reused.rewind()
+  rewound = list(reused)
+  assert len(rewound) == len(ev) and all((a["input_ids"] == b["input_ids"]).all() for a, b in zip(ev, rewound))
 
 
 def test_mixing_frequencies_follow_alpha(shared_data, tok):

@@ -365,6 +365,10 @@ class Pipeline:
     self._batches += 1
     return batch
 
+  def rewind(self) -> None:
+    """Back to the first batch, without building the dataset again (evaluation reads it repeatedly)."""
+    self._batches, self._iterator = 0, None
+
   def get_state(self) -> dict:
     return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
                 batch_size=self.batch_size, process_index=self.process_index,
