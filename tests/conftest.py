@@ -3,12 +3,21 @@
 The suite runs on CPU with 8 fake XLA devices so that sharding tests can build real meshes;
 single-device tests simply use a mesh over the first device.
 """
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session, inherited by every subprocess of the real binaries
+# (tests/subproc.py copies this environment): the suite runs the same tiny configs many times, and a
+# cached train step starts a run ~14 s sooner (the same executable, so the same numbers).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlm_jax_tests_jit_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 
 import pytest  # noqa: E402
 

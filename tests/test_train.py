@@ -26,7 +26,10 @@ def _cmd(workdir, data, *overrides, steps=12):
           "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
           "--config.train.batch_size=8", f"--config.train.steps={steps}", "--config.train.log_every=1",
           "--config.train.eval_every=1000", "--config.train.eval_batches=2",
-          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2"]
+          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2",
+          # A schedule that does not depend on train.steps keeps the train step's program the same
+          # across runs of different lengths, so the session's compilation cache serves them.
+          "--config.optimizer.schedule=constant"]
   return base + list(overrides)
 
 
@@ -144,6 +147,7 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
         proc.send_signal(signal.SIGKILL)
         caught = True
         break
+      time.sleep(0.001)   # a save lasts far longer; without the pause this loop takes a core from the run
     proc.wait()
     if caught:
       break
