@@ -10,6 +10,7 @@ No host sync on steps that do not log: metric sums stay on device and are fetche
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -183,12 +184,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if t.batch_size % n_proc:
     raise TrainError(f"train.batch_size={t.batch_size} is not divisible by the {n_proc} processes")
   pipeline = _host_pipeline(pipeline_lib, config, tok, "train")
-  eval_pipelines = []   # built at the first evaluation (~1 s of tf.data tracing), reused after
-
-  def eval_pipeline():
-    if not eval_pipelines:
-      eval_pipelines.append(_host_pipeline(pipeline_lib, config, tok, "eval"))
-    return eval_pipelines[0]
+  # Built at the first evaluation (~1 s of tf.data tracing), then reused.
+  eval_pipeline = functools.cache(lambda: _host_pipeline(pipeline_lib, config, tok, "eval"))
 
   checkpointer = ckpt_lib.Checkpointer(workdir, keep=t.keep_checkpoints)
   abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
