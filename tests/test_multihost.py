@@ -38,7 +38,8 @@ def _args(workdir, data, *extra, steps=STEPS):
           "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
           "--config.train.batch_size=16", f"--config.train.steps={steps}", "--config.train.log_every=1",
           "--config.train.eval_every=1000", "--config.train.eval_batches=1",
-          f"--config.train.save_every={STEPS // 2}", "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2", *extra]
+          f"--config.train.save_every={STEPS // 2}", "--config.train.peak_tflops_per_device=0.1",
+          "--config.optimizer.warmup_steps=2", *extra]
 
 
 def _single(workdir, data, *extra, steps=STEPS):
