@@ -22,9 +22,10 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
+from mlm_jax import choices
 from mlm_jax.model import Encoder, dropout
 
-KINDS = ("classification", "regression", "token", "qa")
+KINDS = choices.CHOICES["task.kind"]
 
 
 def _param(key, shape, names, std: float, dtype) -> nnx.Param:
@@ -91,8 +92,7 @@ class TaskModel(nnx.Module):
 
   def __init__(self, cfg: ml_collections.ConfigDict, kind: str, num_labels: int, *, seed: int = 0,
                head_dropout: float = -1.0):
-    if kind not in KINDS:
-      raise ValueError(f"task.kind={kind!r}: expected one of {KINDS}")
+    choices.check("task.kind", kind)
     self.kind = kind
     self.encoder = Encoder(cfg, seed=seed)
     # A separate stream for the head, so its initialization does not depend on the encoder's size.
@@ -134,3 +134,30 @@ def loss_sums(kind: str, outputs, batch: dict) -> tuple[jax.Array, jax.Array]:
   start, end = outputs
   per_row = 0.5 * (_xent(start, batch["start_position"]) + _xent(end, batch["end_position"]))
   return (per_row * w).sum(), w.sum()
+
+
+class TaskObjective:
+  """Fine-tuning as an objective of step.make_trainer: no input transform, the head's loss, and the
+  model's outputs (float32 logits) as what the eval step returns."""
+  count_key = "count"
+
+  def __init__(self, kind: str):
+    self.kind = kind
+
+  def prepare(self, batch, key):
+    return batch
+
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
+    loss_sum, count = loss_sums(self.kind, model(batch, dropout_key=dropout_key), batch)
+    return loss_sum, dict(loss_sum=loss_sum, count=count)
+
+  def evaluate(self, model, batch, key, activation_sharding=None):
+    return model(batch)
+
+  @staticmethod
+  def summarize(sums) -> dict:
+    return dict(loss=float(sums["loss_sum"]) / max(float(sums["count"]), 1.0))
+
+  @staticmethod
+  def console(m: dict) -> str:
+    return f"loss {m['loss']:.4f}  {m['examples_per_sec']:.1f} examples/s"

@@ -20,7 +20,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-MODES = ("token", "whole_word", "span")
+from mlm_jax import choices
+from mlm_jax.errors import ConfigError
+
+MODES = choices.CHOICES["masking.mode"]
 
 
 def max_predictions(cfg: ml_collections.ConfigDict, seq_len: int) -> int:
@@ -32,19 +35,18 @@ def max_predictions(cfg: ml_collections.ConfigDict, seq_len: int) -> int:
 
 def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   """Fail early, with the key named, on settings the masking cannot honour."""
-  if cfg.mode not in MODES:
-    raise ValueError(f"masking.mode={cfg.mode!r}: expected one of {MODES}")
+  choices.check("masking.mode", cfg.mode)
   if not 0.0 < cfg.mask_rate < 1.0:
-    raise ValueError(f"masking.mask_rate={cfg.mask_rate}: expected a fraction in (0, 1)")
+    raise ConfigError(f"masking.mask_rate={cfg.mask_rate}: expected a fraction in (0, 1)")
   if cfg.mask_token_prob < 0 or cfg.random_token_prob < 0 or cfg.mask_token_prob + cfg.random_token_prob > 1:
-    raise ValueError(f"masking.mask_token_prob={cfg.mask_token_prob} + random_token_prob="
-                     f"{cfg.random_token_prob}: expected non-negative and summing to at most 1")
+    raise ConfigError(f"masking.mask_token_prob={cfg.mask_token_prob} + random_token_prob="
+                      f"{cfg.random_token_prob}: expected non-negative and summing to at most 1")
   if not 0 <= cfg.mask_id < vocab_size:
-    raise ValueError(f"masking.mask_id={cfg.mask_id}: expected an id in [0, {vocab_size}) "
-                     "(set it from the tokenizer's mask id)")
+    raise ConfigError(f"masking.mask_id={cfg.mask_id}: expected an id in [0, {vocab_size}) "
+                      "(set it from the tokenizer's mask id)")
   bad = [i for i in cfg.special_ids if not 0 <= i < vocab_size]
   if bad:
-    raise ValueError(f"masking.special_ids has ids outside [0, {vocab_size}): {bad}")
+    raise ConfigError(f"masking.special_ids has ids outside [0, {vocab_size}): {bad}")
 
 
 def _candidates(input_ids, segment_ids, special_ids):

@@ -20,6 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
+from mlm_jax import choices
+from mlm_jax.errors import ConfigError
+
 
 def _param(key, shape, names, init: str, std: float, dtype) -> nnx.Param:
   if init == "normal":
@@ -203,13 +206,9 @@ class Encoder(nnx.Module):
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0):
     if cfg.hidden_size % cfg.num_heads:
-      raise ValueError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
-    if cfg.positions not in ("learned", "rotary"):
-      raise ValueError(f"model.positions={cfg.positions!r}: expected 'learned' or 'rotary'")
-    if cfg.norm not in ("post", "pre"):
-      raise ValueError(f"model.norm={cfg.norm!r}: expected 'post' or 'pre'")
-    if cfg.mlp not in ("gelu", "geglu"):
-      raise ValueError(f"model.mlp={cfg.mlp!r}: expected 'gelu' or 'geglu'")
+      raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
+    for field in ("positions", "norm", "mlp"):
+      choices.check(f"model.{field}", cfg[field])
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)
     h, std = cfg.hidden_size, cfg.initializer_range
@@ -285,6 +284,6 @@ class Encoder(nnx.Module):
   def pool(self, hidden):
     """BERT pooler: tanh(dense(first token)); the sentence representation for classification."""
     if not self.cfg.use_pooler:
-      raise ValueError("model.use_pooler is False: this model has no pooler")
+      raise ConfigError("model.use_pooler is False: this model has no pooler")
     first = hidden[:, 0]
     return jnp.tanh(first @ self.pooler_kernel[...].astype(self.dtype) + self.pooler_bias[...].astype(self.dtype))

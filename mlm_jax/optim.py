@@ -5,12 +5,13 @@ import jax
 import optax
 import ml_collections
 
-SCHEDULES = ("linear", "cosine", "constant")
+from mlm_jax import choices
+
+SCHEDULES = choices.CHOICES["optimizer.schedule"]
 
 
 def make_schedule(o: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
-  if o.schedule not in SCHEDULES:
-    raise ValueError(f"optimizer.schedule={o.schedule!r}: expected one of {SCHEDULES}")
+  choices.check("optimizer.schedule", o.schedule)
   warmup = max(0, min(int(o.warmup_steps), total_steps))
   peak, end = float(o.learning_rate), float(o.learning_rate) * float(o.end_lr_ratio)
   decay_steps = max(1, total_steps - warmup)

@@ -8,7 +8,6 @@ devices in tests, and multi-host TPU/GPU slices.
 from __future__ import annotations
 
 import math
-import os
 from typing import Sequence
 
 import jax
@@ -18,6 +17,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 
+from mlm_jax.errors import ConfigError
+
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -26,18 +27,18 @@ def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[i
   """Axis sizes from the config; one axis may be -1 and takes what is left."""
   unknown = set(mesh_cfg.keys()) - set(AXES)
   if unknown:
-    raise ValueError(f"config.mesh has unknown axes {sorted(unknown)}: expected {AXES}")
+    raise ConfigError(f"config.mesh has unknown axes {sorted(unknown)}: expected {AXES}")
   sizes = [int(mesh_cfg.get(a, 1)) for a in AXES]
   fill = [i for i, s in enumerate(sizes) if s == -1]
   if len(fill) > 1:
-    raise ValueError(f"config.mesh={dict(zip(AXES, sizes))}: at most one axis may be -1")
+    raise ConfigError(f"config.mesh={dict(zip(AXES, sizes))}: at most one axis may be -1")
   known = math.prod(s for s in sizes if s != -1)
   if fill:
     if known <= 0 or num_devices % known:
-      raise ValueError(f"config.mesh={dict(zip(AXES, sizes))}: {num_devices} devices are not divisible by {known}")
+      raise ConfigError(f"config.mesh={dict(zip(AXES, sizes))}: {num_devices} devices are not divisible by {known}")
     sizes[fill[0]] = num_devices // known
   if math.prod(sizes) != num_devices or min(sizes) < 1:
-    raise ValueError(f"config.mesh={dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices, "
+    raise ConfigError(f"config.mesh={dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices, "
                      f"but {num_devices} are available")
   return tuple(sizes)
 
@@ -57,7 +58,7 @@ def _mesh_axes(name, rules: dict):
   if name is None:
     return None
   if name not in rules:
-    raise ValueError(f"logical axis {name!r} has no entry in config.sharding.rules")
+    raise ConfigError(f"logical axis {name!r} has no entry in config.sharding.rules")
   return rules[name]
 
 
@@ -123,34 +124,3 @@ def sync_processes(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
-
-
-def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
-                           heartbeat_timeout_s: int = 60) -> None:
-  """Joins JAX's multi-controller runtime when this is one process of several; else does nothing.
-
-  Explicit arguments (or MLM_JAX_COORDINATOR / MLM_JAX_NUM_PROCESSES / MLM_JAX_PROCESS_ID) win;
-  otherwise TPU VM slices and SLURM jobs are detected by JAX itself. On CPU the processes talk
-  through gloo, so several processes on one machine form one job (tests, launch/local_multiprocess.sh).
-  A process that stops heart-beating makes the others fail after `heartbeat_timeout_s` instead of
-  waiting forever in a collective.
-  """
-  coordinator_address = coordinator_address or os.environ.get("MLM_JAX_COORDINATOR", "")
-  num_processes = num_processes or int(os.environ.get("MLM_JAX_NUM_PROCESSES", "0"))
-  if process_id < 0:
-    process_id = int(os.environ.get("MLM_JAX_PROCESS_ID", "-1"))
-  kw = dict(heartbeat_timeout_seconds=heartbeat_timeout_s, initialization_timeout=max(heartbeat_timeout_s, 120))
-  if coordinator_address:
-    if num_processes < 1 or not 0 <= process_id < num_processes:
-      raise ValueError(f"coordinator {coordinator_address!r} given, but num_processes={num_processes} and "
-                       f"process_id={process_id}: expected 0 <= process_id < num_processes")
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address, num_processes, process_id, **kw)
-  elif os.environ.get("SLURM_JOB_ID") and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-    jax.distributed.initialize(**kw)
-  elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
-    jax.distributed.initialize(**kw)
-  else:
-    return
-  logging.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.device_count())

@@ -13,6 +13,7 @@ from mlm_jax.data import pipeline
 from mlm_jax.data import sources
 from mlm_jax.data import tokenizer
 from mlm_jax.data.sources import DataError
+from mlm_jax.errors import ConfigError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF
 LEIPZIG_EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -285,7 +286,7 @@ def test_bad_input_through_pipeline(tok, tmp_path):
 def test_config_errors(shared_data, tok):
   with pytest.raises(DataError, match="no data sources configured for split 'train'"):
     pipeline.Pipeline(_cfg(), tok, 4, 0)
-  with pytest.raises(DataError, match="data.packing='full'"):
+  with pytest.raises(ConfigError, match="data.packing='full'"):
     pipeline.Pipeline(_cfg(sources=("a=x",), packing="full"), tok, 4, 0)
   with pytest.raises(DataError, match="no files match"):
     pipeline.Pipeline(_cfg(sources=(f"a={shared_data}/corpus/xx/*.gz",)), tok, 4, 0)

@@ -8,6 +8,7 @@ import tensorflow_datasets as tfds
 
 from mlm_jax.data import sources
 from mlm_jax.data.sources import DataError
+from mlm_jax.errors import ConfigError
 
 
 def _docs(spec, **kw):
@@ -251,5 +252,5 @@ def test_bad_specs():
     sources.parse_spec("tsv:x:foo")
   with pytest.raises(DataError, match="duplicate source name 'a'"):
     sources.parse_sources(["a=x", "a=y"])
-  with pytest.raises(DataError, match="doc_format='para'"):
+  with pytest.raises(ConfigError, match="data.doc_format='para'"):
     _docs("x.txt", doc_format="para")

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from mlm_jax import choices
 from mlm_jax.data import sources as sources_lib
 from mlm_jax.data import tokenizer as tokenizer_lib
 
@@ -239,8 +240,7 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
   c = data_config
   if split not in ("train", "eval"):
     raise sources_lib.DataError(f"split={split!r}: expected 'train' or 'eval'")
-  if c.packing not in ("segmented", "concat"):
-    raise sources_lib.DataError(f"data.packing={c.packing!r}: expected 'segmented' or 'concat'")
+  choices.check("data.packing", c.packing)
   if batch_size < 1:
     raise sources_lib.DataError(f"batch_size={batch_size}: must be >= 1 per host")
   train = split == "train"

@@ -24,13 +24,14 @@ import os
 import re
 from typing import Sequence
 
+from mlm_jax import choices, errors
+
 
 # "# key = value" lines of CoNLL-U; a '#' token line ("#\tO") is data.
 _COMMENT = re.compile(r"#\s*[\w ]+?\s*=\s")
 
 
-class DataError(ValueError):
-  """A problem with the user's data files; printed as one line."""
+DataError = errors.DataError
 
 
 @dataclasses.dataclass
@@ -110,8 +111,7 @@ def read_table(paths: Sequence[str], fmt: str, text_field: str, label_field: str
             out.append(Example(id=f"{os.path.basename(path)}:{i}", text=line.strip(), label=label,
                                group=line.strip()))
     return out
-  if fmt not in ("tsv", "csv", "jsonl"):
-    raise DataError(f"task.format={fmt!r}: expected tsv, csv, jsonl or lines")
+  choices.check("task.format", fmt)
   for path in expand(paths):
     text = read_text(path)
     if fmt == "jsonl":

@@ -1,0 +1,43 @@
+"""Every config field that takes one of a fixed set of values, and the one check that names them.
+
+The resolution step (resolve.py) checks a whole config here before any work starts, and the
+modules that read a field check it here too when they are used as a library (tests, notebooks),
+so an unknown value is always the same one-line ConfigError: the key, the value, the choices.
+"""
+from __future__ import annotations
+
+from mlm_jax.errors import ConfigError
+
+CHOICES = {
+    "model.positions": ("learned", "rotary"),
+    "model.norm": ("post", "pre"),
+    "model.mlp": ("gelu", "geglu"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "model.remat": ("none", "full", "dots"),
+    "masking.mode": ("token", "whole_word", "span"),
+    "optimizer.schedule": ("linear", "cosine", "constant"),
+    "train.nonfinite": ("skip", "stop"),
+    "data.doc_format": ("line", "blank_line"),
+    "data.packing": ("segmented", "concat"),
+    "data.per_host": ("shard", "slice"),
+    "tokenizer.model_type": ("unigram", "bpe"),
+    "tokenizer.layout": ("xlmr", "bert"),
+    "task.kind": ("classification", "regression", "token", "qa"),
+    "task.format": ("tsv", "csv", "jsonl", "lines"),
+}
+
+
+def check(key: str, value) -> None:
+  """Raise a ConfigError naming `key`, `value` and the allowed values when `value` is not one of them."""
+  allowed = CHOICES[key]
+  if value not in allowed:
+    raise ConfigError(f"{key}={value!r}: expected one of {', '.join(repr(a) for a in allowed)}")
+
+
+def check_config(config) -> None:
+  """Check every choice field that `config` has (pretraining and fine-tuning configs alike)."""
+  for key in CHOICES:
+    section, field = key.split(".")
+    if section in config and field in config[section]:
+      check(key, config[section][field])

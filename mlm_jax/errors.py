@@ -1,0 +1,26 @@
+"""The one base class of the errors a user can fix: a file, a config key, a value, a checkpoint.
+
+Every binary and tool catches `UserError` alone and prints its message as one line (no traceback);
+anything else is a bug and keeps its traceback. The subclasses only say which area the problem is
+in; they subclass ValueError so that library callers catching ValueError keep working.
+"""
+
+
+class UserError(ValueError):
+  """A problem with the user's input, named in a one-line message."""
+
+
+class ConfigError(UserError):
+  """A config key with a value that is not allowed; the message names the key and the choices."""
+
+
+class DataError(UserError):
+  """Bad input data or data config (corpora, labeled files, token stores)."""
+
+
+class CheckpointError(UserError):
+  """A checkpoint or workdir that cannot be read, or that another model config wrote."""
+
+
+class ConversionError(UserError):
+  """A Hugging Face folder or conversion request that cannot be honoured."""
