@@ -1,4 +1,4 @@
-"""The runtime tuning the binaries share (mlm_jax/cli.py)."""
+"""The runtime tuning the binaries share (mlm_jax/runtime.py)."""
 import subprocess
 import sys
 
@@ -9,8 +9,8 @@ from subproc import REPO, cpu_env
 # call (cheap: 4 GFLOP): the page faults per call show whether that memory went back to the OS.
 _PROBE = """
 import resource
-from mlm_jax import cli
-kept = cli.keep_freed_memory()
+from mlm_jax import runtime
+kept = runtime.keep_freed_memory()
 import jax, jax.numpy as jnp
 
 @jax.jit

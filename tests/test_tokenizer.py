@@ -13,6 +13,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from mlm_jax.data import tokenizer
+from mlm_jax.errors import UserError
 
 # language: (file under corpus/, TSV text column or None, training lines). Armenian gets far
 # fewer lines than English so that the alpha sampling has something to fix.
@@ -155,7 +156,7 @@ def test_word_start_table(xlmr_tok):
 
 
 def test_load_errors(tmp_path):
-  with pytest.raises(FileNotFoundError, match="missing.model"):
+  with pytest.raises(UserError, match="missing.model"):
     tokenizer.load(str(tmp_path / "missing.model"))
   (tmp_path / "junk.model").write_bytes(b"not a model")
   with pytest.raises(ValueError, match="junk.model is not a sentencepiece model"):

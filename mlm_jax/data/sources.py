@@ -27,12 +27,9 @@ import logging
 import re
 from typing import Optional, Sequence
 
-import tensorflow as tf
+from mlm_jax import choices, errors, runtime
 
-try:  # TensorFlow is for tf.data only: keep it off every GPU (JAX owns them).
-  tf.config.set_visible_devices([], "GPU")
-except RuntimeError:  # devices already initialised by an earlier TF user: nothing to change
-  pass
+tf = runtime.tensorflow()   # for tf.data only, off every GPU
 
 _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more than the work)
 # blank_line blocks are cut at the first line batch where they reach ~32k characters: far more
@@ -40,8 +37,7 @@ _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more tha
 MAX_BLOCK_CHARS = 1 << 15
 
 
-class DataError(ValueError):
-  """Bad input data or data config; the message is one line naming the culprit."""
+DataError = errors.DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,8 +272,7 @@ class Source:
     """
     if not 0 <= process_index < process_count:
       raise DataError(f"process_index={process_index} not in [0, {process_count})")
-    if doc_format not in ("line", "blank_line"):
-      raise DataError(f"doc_format={doc_format!r}: expected 'line' or 'blank_line'")
+    choices.check("data.doc_format", doc_format)
     if self.spec.kind == "tfds":
       ds, key = self._tfds_documents(process_index, process_count, shuffle_seed)
       docs = ds.map(key).filter(lambda d: tf.size(_nonempty_docs(d[None], stats)) > 0)

@@ -32,6 +32,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from mlm_jax import choices, runtime
+from mlm_jax.errors import DataError
+
 LAYOUTS = ("xlmr", "bert")
 _PIECES = {
     "xlmr": dict(bos="<s>", pad="<pad>", eos="</s>", unk="<unk>", mask="<mask>"),
@@ -105,12 +108,12 @@ def load(path: str) -> Tokenizer:
   try:
     proto = _read_bytes(path)
   except Exception as e:  # noqa: BLE001 - one clear line whatever the filesystem raised
-    raise FileNotFoundError(f"cannot read tokenizer model {path}: {e.__class__.__name__}") from None
+    raise DataError(f"cannot read tokenizer model {path}: {e.__class__.__name__}") from None
   processor = spm.SentencePieceProcessor()
   try:
     processor.LoadFromSerializedProto(proto)
   except Exception:  # noqa: BLE001
-    raise ValueError(f"{path} is not a sentencepiece model") from None
+    raise DataError(f"{path} is not a sentencepiece model") from None
   ids = None
   json_path = special_ids_path(path)
   try:
@@ -123,7 +126,7 @@ def load(path: str) -> Tokenizer:
   for name in ("pad_id", "bos_id", "eos_id", "unk_id", "mask_id"):
     value = getattr(tok, name)
     if not 0 <= value < tok.vocab_size:
-      raise ValueError(f"{path}: {name}={value} is outside the vocabulary (size {tok.vocab_size})")
+      raise DataError(f"{path}: {name}={value} is outside the vocabulary (size {tok.vocab_size})")
   return tok
 
 
@@ -142,7 +145,7 @@ def _infer_special_ids(p: spm.SentencePieceProcessor) -> dict:
     if mask != p.unk_id() or pieces["mask"] == p.id_to_piece(p.unk_id()):
       return dict(layout=layout, pad_id=p.pad_id(), bos_id=p.bos_id(), eos_id=p.eos_id(),
                   unk_id=p.unk_id(), mask_id=mask)
-  raise ValueError("sentencepiece model has no <mask> or [MASK] piece and no special_ids.json")
+  raise DataError("sentencepiece model has no <mask> or [MASK] piece and no special_ids.json")
 
 
 # ------------------------------------------------------------------------------------------
@@ -201,7 +204,8 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
           seed: int = 0,
           num_threads: int = 0,
           verbose: bool = True,
-          log: Optional[Callable[[str], None]] = None) -> Tokenizer:
+          log: Optional[Callable[[str], None]] = None,
+          spm_log: Optional[str] = "") -> Tokenizer:
   """Trains a sentencepiece model with language-balanced sampling; returns it loaded.
 
   Args:
@@ -220,24 +224,24 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
     num_threads: trainer threads (0 = all cores).
     verbose: print progress (ours and sentencepiece's) to stderr.
     log: progress sink; default prints to stderr when verbose.
+    spm_log: where sentencepiece's own trainer log (hundreds of lines) goes: '' = `<out_prefix>.train.log`,
+      None = stderr (when verbose).
   """
-  if layout not in LAYOUTS:
-    raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
-  if model_type not in ("unigram", "bpe"):
-    raise ValueError(f"model_type={model_type!r}: expected 'unigram' or 'bpe'")
+  choices.check("tokenizer.layout", layout)
+  choices.check("tokenizer.model_type", model_type)
   if log is None:
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if verbose else (lambda s: None)
   rng = random.Random(seed)
   groups = language_groups(inputs)
   if not groups:
-    raise ValueError("no tokenizer training inputs given")
+    raise DataError("no tokenizer training inputs given")
 
   counts, samples = {}, {}
   for name, specs in sorted(groups.items()):
     t0 = time.time()
     n, keep = _reservoir(specs, max_sentences_per_language, rng)
     if n == 0:
-      raise ValueError(f"tokenizer input {name!r} ({', '.join(specs)}) has no text lines")
+      raise DataError(f"tokenizer input {name!r} ({', '.join(specs)}) has no text lines")
     counts[name], samples[name] = n, keep
     log(f"[tokenizer] read {name}: {n} lines ({len(keep)} kept) in {time.time() - t0:.1f}s")
 
@@ -246,22 +250,49 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
   budget = min(input_sentence_size, sum(len(v) for v in samples.values()))
   mixture_path = None
   try:
-    fd, mixture_path = tempfile.mkstemp(prefix="spm_input_", suffix=".txt")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for name in sorted(samples):
-        k = max(1, round(budget * weights[name] / total_w))
-        pool = samples[name]
-        picked = rng.sample(pool, k) if k <= len(pool) else [rng.choice(pool) for _ in range(k)]
-        log(f"[tokenizer] {name}: q={weights[name] / total_w:.3f} -> {k} lines "
-            f"({'up' if k > len(pool) else 'sub'}sampled from {len(pool)})")
-        for line in picked:
-          f.write(line + "\n")
+    mixture_path = _write_mixture(samples, {k: w / total_w for k, w in weights.items()}, budget, rng, log)
+    if spm_log == "":
+      spm_log = out_prefix + ".train.log"
+    t0 = time.time()
+    log(f"[tokenizer] training a {vocab_size}-piece sentencepiece {model_type} model on {budget} lines"
+        + (f" (its log: {spm_log})" if spm_log else ""))
     _train_spm(mixture_path, out_prefix, vocab_size, layout, model_type, character_coverage,
-               byte_fallback, num_threads, verbose)
+               byte_fallback, num_threads, verbose, spm_log)
+    log(f"[tokenizer] trained in {time.time() - t0:.1f}s")
   finally:
     if mixture_path:
       os.remove(mixture_path)
 
+  ids = _add_layout_pieces(out_prefix, layout, vocab_size)
+  ids["languages"] = {k: dict(lines=counts[k], weight=weights[k] / total_w) for k in counts}
+  ids["alpha"] = alpha
+  model_path = out_prefix + ".model"
+  with open(special_ids_path(model_path), "w", encoding="utf-8") as f:
+    json.dump(ids, f, indent=1, sort_keys=True)
+  tok = load(model_path)
+  assert tok.vocab_size == vocab_size, (tok.vocab_size, vocab_size)
+  log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {layout}, "
+      f"specials {tok.special_ids})")
+  return tok
+
+
+def _write_mixture(samples: dict, q: dict, budget: int, rng, log) -> str:
+  """A temporary file of `budget` lines, q[name] of them from each language (up- or subsampled)."""
+  fd, path = tempfile.mkstemp(prefix="spm_input_", suffix=".txt")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    for name in sorted(samples):
+      k = max(1, round(budget * q[name]))
+      pool = samples[name]
+      picked = rng.sample(pool, k) if k <= len(pool) else [rng.choice(pool) for _ in range(k)]
+      log(f"[tokenizer] {name}: q={q[name]:.3f} -> {k} lines "
+          f"({'up' if k > len(pool) else 'sub'}sampled from {len(pool)})")
+      for line in picked:
+        f.write(line + "\n")
+  return path
+
+
+def _add_layout_pieces(out_prefix: str, layout: str, vocab_size: int) -> dict:
+  """Appends XLM-R's <mask> as the last piece (model and .vocab); returns the layout's special ids."""
   model_path = out_prefix + ".model"
   pieces = _PIECES[layout]
   if layout == "xlmr":
@@ -271,15 +302,7 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
       f.write(f"{pieces['mask']}\t0\n")
   else:
     ids = dict(layout=layout, pad_id=0, unk_id=1, bos_id=2, eos_id=3, mask_id=4)
-  ids["languages"] = {k: dict(lines=counts[k], weight=weights[k] / total_w) for k in counts}
-  ids["alpha"] = alpha
-  with open(special_ids_path(model_path), "w", encoding="utf-8") as f:
-    json.dump(ids, f, indent=1, sort_keys=True)
-  tok = load(model_path)
-  assert tok.vocab_size == vocab_size, (tok.vocab_size, vocab_size)
-  log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {layout}, "
-      f"specials {tok.special_ids})")
-  return tok
+  return ids
 
 
 def _reservoir(specs, cap, rng):
@@ -305,7 +328,7 @@ def _reservoir(specs, cap, rng):
 
 
 def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character_coverage,
-               byte_fallback, num_threads, verbose):
+               byte_fallback, num_threads, verbose, spm_log):
   pieces = _PIECES[layout]
   if layout == "xlmr":
     special = dict(bos_id=0, pad_id=1, eos_id=2, unk_id=3, control_symbols=[])
@@ -315,13 +338,17 @@ def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character
     n_pieces = vocab_size
   out_dir = os.path.dirname(os.path.abspath(out_prefix))
   os.makedirs(out_dir, exist_ok=True)
+  args = (input_path, out_prefix, n_pieces, model_type, character_coverage, byte_fallback, num_threads)
   try:
-    _spm_train(input_path, out_prefix, n_pieces, model_type, character_coverage, byte_fallback,
-               num_threads, verbose, pieces, special)
+    if spm_log:
+      with runtime.stderr_to(spm_log):
+        _spm_train(*args, True, pieces, special)
+    else:
+      _spm_train(*args, verbose, pieces, special)
   except RuntimeError as e:
     msg = _first_line_of(e)
     if "Vocabulary size too high" in msg:
-      raise ValueError(f"vocab_size={vocab_size} is too large for this training text: "
+      raise DataError(f"vocab_size={vocab_size} is too large for this training text: "
                        f"{msg.split(') ', 1)[-1]}") from None
     raise
 

@@ -1,0 +1,52 @@
+"""What a new user sees: the demo binary in a user's environment (no JAX_PLATFORMS, no TF_CPP_MIN_LOG_LEVEL),
+with libtpu installed (the README's test command installs the [tpu] extra) on a machine without a TPU or GPU."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from subproc import REPO
+
+# Lines the libraries print on such a machine, by what prints them.
+NOISE = {
+    "libtpu": ("TPU_WORKER_HOSTNAMES", "Failed to find host bounds", "Unable to initialize backend 'tpu'"),
+    "cuInit": ("cuInit",),
+    "oneDNN": ("oneDNN",),
+    "sentencepiece trainer": ("trainer_interface.cc", "normalizer_spec {"),
+}
+
+
+def _demo(workdir, *extra):
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS",
+                                                            "TF_ENABLE_ONEDNN_OPTS")}
+  cmd = [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
+         "--config.tokenizer.vocab_size=1000", "--config.train.steps=2", "--config.train.log_every=1",
+         "--config.train.eval_every=2", "--config.train.eval_batches=1", "--config.train.peak_tflops_per_device=0.1",
+         *extra]
+  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stderr
+
+
+def _found(stderr: str) -> dict:
+  return {name: [l for l in stderr.splitlines() if any(m in l for m in marks)][:2] for name, marks in NOISE.items()}
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0") or os.path.exists("/dev/accel0"),
+                    reason="the quiet console is for machines without an accelerator")
+def test_demo_console_is_quiet_and_verbosity_1_shows_everything(tmp_path):
+  if importlib.util.find_spec("libtpu") is None and os.environ.get("CI", "").lower() != "true":
+    pytest.skip("libtpu is not installed (pip install -e '.[tpu]')")
+  quiet = _demo(tmp_path / "quiet")
+  assert "step 1/2  loss" in quiet and "step 2  eval loss" in quiet, quiet[-2000:]
+  assert "[tokenizer] trained in" in quiet
+  assert not any(_found(quiet).values()), _found(quiet)
+  assert "INVALID_ARGUMENT" not in quiet and "W0000" not in quiet and "E0000" not in quiet
+  assert (tmp_path / "quiet" / "tokenizer" / "spm.train.log").read_text().count("trainer_interface.cc") > 10
+
+  loud = _demo(tmp_path / "loud", "--verbosity=1")
+  assert "step 2  eval loss" in loud
+  missing = [name for name, lines in _found(loud).items() if not lines]
+  assert not missing, f"--verbosity=1 hides {missing}"
