@@ -8,27 +8,45 @@ when complete), so a process killed mid-save leaves the previous checkpoint rest
 Before restoring, every array's shape in the checkpoint is compared with what the config builds,
 so a checkpoint of another model fails with one line naming the parameter, not an orbax traceback,
 and nothing on disk is touched.
+
+This module is also the one reader of workdirs (config.json, the run's tokenizer) and of
+parameters alone (`restore_params`: for init_from, conversion, inference, on any device layout);
+`convert/` imports it, never the reverse.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
-
-class CheckpointError(ValueError):
-  pass
+from mlm_jax.errors import CheckpointError
 
 
-def _key(path) -> str:
-  parts = []
-  for k in path:
-    k = getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
-    parts.append(str(k))
-  return ".".join(parts)
+def path_name(path) -> str:
+  """A pytree path as a dotted name (params.layers.0.attn.q_kernel), as the errors name arrays."""
+  return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def _handlers() -> dict:
+  return dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
+
+
+def check_shapes(meta: Any, abstract: Any, where: str, hint: str = "a checkpoint of another model shape?") -> None:
+  """Raise CheckpointError naming the first array of `abstract` that the saved `meta` lacks or shapes differently."""
+  saved = {path_name(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta) if hasattr(m, "shape")}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
+    name = path_name(path)
+    if name not in saved:
+      raise CheckpointError(f"checkpoint {where} has no array {name}: it was written by a different model or "
+                            "optimizer config")
+    if saved[name] != tuple(leaf.shape):
+      raise CheckpointError(f"checkpoint {where}: {name} has shape {saved[name]}, but the config builds "
+                            f"{tuple(leaf.shape)} ({hint})")
 
 
 class Checkpointer:
@@ -38,8 +56,7 @@ class Checkpointer:
     self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
-    handlers = dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -61,16 +78,7 @@ class Checkpointer:
       meta = self.manager.item_metadata(step)["state"]
     except Exception as e:  # unreadable metadata: a corrupt or foreign checkpoint
       raise CheckpointError(f"checkpoint {self.directory}/{step} cannot be read: {type(e).__name__}: {e}") from e
-    saved = {_key(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta)
-             if hasattr(m, "shape")}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
-      name = _key(path)
-      if name not in saved:
-        raise CheckpointError(f"checkpoint {self.directory}/{step} has no array {name}: it was written by "
-                              "a different model or optimizer config")
-      if saved[name] != tuple(leaf.shape):
-        raise CheckpointError(f"checkpoint {self.directory}/{step}: {name} has shape {saved[name]}, but "
-                              f"the config builds {tuple(leaf.shape)} (a checkpoint of another model shape?)")
+    check_shapes(meta, abstract_state, f"{self.directory}/{step}")
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restore into the shardings of `abstract_state` (ShapeDtypeStructs with .sharding)."""
@@ -105,23 +113,78 @@ def all_finite(tree: Any) -> bool:
   return bool(jax.device_get(_all_finite(tree)))
 
 
-def load_params(path: str, abstract_params: Any) -> Any:
-  """Parameters only, from a workdir's latest checkpoint or a `from_hf` output folder.
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """WORKDIR/config.json (written by the training binaries or by `from_hf`) as a ConfigDict."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isdir(workdir):
+    raise CheckpointError(f"workdir {workdir}: no such directory")
+  if not os.path.exists(path):
+    raise CheckpointError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
+  with open(path, encoding="utf-8") as f:
+    try:
+      return ml_collections.ConfigDict(json.load(f))
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
-  Both hold an orbax checkpoint manager directory at PATH/checkpoints whose 'state' item has a
-  `params` subtree; shapes are checked against the config before anything is read.
+
+def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
+  """The run's sentencepiece model: `data.tokenizer`, or the one the run trained into WORKDIR/tokenizer."""
+  path = config.data.tokenizer if "data" in config and config.data.get("tokenizer") else ""
+  return path or os.path.join(workdir, "tokenizer", "spm.model")
+
+
+def load_tokenizer(path: str, vocab_size: int | None = None):
+  """The tokenizer at `path`, checked against the model's vocabulary size."""
+  from mlm_jax.data import tokenizer as tok_lib
+  if "://" not in path and not os.path.exists(path):
+    raise CheckpointError(f"tokenizer model {path}: missing")
+  tok = tok_lib.load(path)
+  if vocab_size is not None and tok.vocab_size != vocab_size:
+    raise CheckpointError(f"vocab size mismatch: the model has vocab_size={vocab_size} but the tokenizer "
+                          f"{path} has {tok.vocab_size} pieces")
+  return tok
+
+
+def single_device(tree: Any) -> Any:
+  """ShapeDtypeStructs of `tree` on the first local device: restores whatever mesh wrote them."""
+  dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
+
+
+def restore_params(workdir: str, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+  """(parameters, step) from WORKDIR/checkpoints: a training workdir or a `from_hf` output folder.
+
+  Only the `params` subtree is placed as `abstract_params` says (ShapeDtypeStructs; with shardings
+  for a mesh, or `single_device`); shapes are checked against it before anything is read. The
+  rest of the state (optimizer moments, counters) comes along onto one device: orbax restores whole
+  items, and it is a few times the parameters at most.
   """
-  ckpt = Checkpointer(path, async_save=False)
-  step = ckpt.latest_step()
-  if step is None:
-    raise CheckpointError(f"init_from={path!r}: no checkpoint under {ckpt.directory}")
-  ckpt.check_compatible(step, {"params": abstract_params})
-  # Restore only the params subtree (the optimizer state of the source run is not needed).
-  meta = ckpt.manager.item_metadata(step)["state"]
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = {k: (abstract_params if k == "params" else
-                jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one), v))
-            for k, v in dict(meta).items()}
-  restored = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-  ckpt.close()
-  return restored.state["params"]
+  directory = os.path.join(workdir if "://" in workdir else os.path.abspath(workdir), "checkpoints")
+  if "://" not in directory and not os.path.isdir(directory):
+    raise CheckpointError(f"{directory}: missing (no checkpoint was saved in {workdir})")
+  options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+  manager = ocp.CheckpointManager(directory, options=options, item_handlers=_handlers())
+  try:
+    steps = list(manager.all_steps())
+    if not steps:
+      raise CheckpointError(f"{directory}: no checkpoint")
+    step = max(steps) if step is None else int(step)
+    if step not in steps:
+      raise CheckpointError(f"{directory}: no checkpoint for step {step} (have {', '.join(map(str, sorted(steps)))})")
+    meta = manager.item_metadata(step)["state"]
+    check_shapes(meta, {"params": abstract_params}, f"{directory}/{step}",
+                 hint="does config.json describe the model that wrote it?")
+    target = dict(single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), dict(meta))))
+    target["params"] = abstract_params
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+  finally:
+    manager.close()
+  return restored.state["params"], step
+
+
+def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None):
+  """(graphdef, parameters on one device, step) of the encoder `model_cfg` describes, from WORKDIR."""
+  from mlm_jax import step as step_lib
+  graphdef, abstract = step_lib.abstract_model(model_cfg)
+  params, step = restore_params(workdir, single_device(abstract), step)
+  return graphdef, params, step

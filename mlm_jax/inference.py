@@ -21,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import ml_collections
 
+from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax.convert import checkpoint_io as cio
+from mlm_jax.errors import UserError
 from mlm_jax.data import tokenizer as tok_lib
 
 # Accepted in text for any layout, besides the tokenizer's own mask piece ("[MASK]" for BERT).
@@ -38,10 +40,10 @@ class MaskedLM:
 
 def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
   from flax import nnx
-  config = cio.read_config(workdir)
+  config = ckpt_lib.read_config(workdir)
   mcfg = config.model
-  tok = cio.load_tokenizer(cio.tokenizer_path(workdir, config), mcfg.vocab_size)
-  graphdef, params, step = cio.restore_params(workdir, mcfg, step)
+  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  graphdef, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
   return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
 
 
@@ -51,7 +53,7 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   hcfg = cio.read_hf_config(hf_dir)
   mcfg = cio.model_config(hcfg)
   if tokenizer:
-    tok = cio.load_tokenizer(tokenizer, mcfg.vocab_size)
+    tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
   else:
     found = cio.find_hf_tokenizer(hf_dir)
     if found is None:
@@ -77,7 +79,7 @@ def _tokenizer_from_bytes(proto: bytes, ids: dict | None, where: str) -> tok_lib
     if ids:
       with open(tok_lib.special_ids_path(path), "w", encoding="utf-8") as f:
         json.dump(ids, f)
-    tok = cio.load_tokenizer(path)
+    tok = ckpt_lib.load_tokenizer(path)
   return dataclasses.replace(tok, model_path=where)
 
 
@@ -86,7 +88,7 @@ def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], lis
   strings = sorted({MASK_STRING, tok.id_to_piece(tok.mask_id)}, key=len, reverse=True)
   parts = re.split("|".join(re.escape(s) for s in strings), text)
   if len(parts) == 1:
-    raise ValueError(f"no mask token in {text!r}: write {' or '.join(repr(s) for s in strings)} where a "
+    raise UserError(f"no mask token in {text!r}: write {' or '.join(repr(s) for s in strings)} where a "
                      "token should be predicted")
   ids, masks = [tok.bos_id], []
   for i, part in enumerate(parts):
@@ -104,7 +106,7 @@ def fill_mask(lm: MaskedLM, text: str, top_k: int = 5) -> dict:
   ids, masks = encode_with_masks(tok, text)
   limit = cfg.max_position_embeddings - cfg.position_offset if cfg.positions == "learned" else None
   if limit is not None and len(ids) > limit:
-    raise ValueError(f"text is {len(ids)} tokens long; the model takes at most {limit}")
+    raise UserError(f"text is {len(ids)} tokens long; the model takes at most {limit}")
   x = jnp.asarray([ids], jnp.int32)
   hidden = lm.model(x, jnp.ones_like(x), jnp.arange(len(ids), dtype=jnp.int32)[None], None)
   logits = lm.model.mlm_logits(hidden[0, jnp.asarray(masks)])
@@ -119,10 +121,19 @@ def fill_mask(lm: MaskedLM, text: str, top_k: int = 5) -> dict:
   return dict(text=text, ids=ids, masks=out)
 
 
+def add_source_flags(parser) -> None:
+  """The tools' flags naming a model to load: --workdir or --hf_dir (one of them), --step, --tokenizer."""
+  src = parser.add_mutually_exclusive_group(required=True)
+  src.add_argument("--workdir", help="training workdir (or a from_hf output folder)")
+  src.add_argument("--hf_dir", help="transformers BERT / RoBERTa / XLM-R masked-LM folder, run by our model")
+  parser.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
+  parser.add_argument("--tokenizer", default=None, help="sentencepiece .model for an --hf_dir without one")
+
+
 def load(workdir: str | None = None, hf_dir: str | None = None, step: int | None = None,
          tokenizer: str | None = None) -> MaskedLM:
   if bool(workdir) == bool(hf_dir):
-    raise ValueError("give exactly one of --workdir or --hf_dir")
+    raise UserError("give exactly one of --workdir or --hf_dir")
   if workdir:
     return from_workdir(workdir, step)
   return from_hf_dir(hf_dir, tokenizer)

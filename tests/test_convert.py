@@ -127,17 +127,17 @@ def test_hf_to_ours_to_hf_folders(tmp_path, spm, arch):
 
 
 def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
-  """checkpoint.load_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
+  """checkpoint.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
   from mlm_jax import checkpoint, step
   model = _hf_model("xlm-roberta")
   src = _save_hf(model, tmp_path / "hf")
   out = tmp_path / "ours"
   summary = cio.from_hf(str(src), str(out), tokenizer=spm["xlmr"].model_path)
-  config = cio.read_config(str(out))
+  config = checkpoint.read_config(str(out))
   assert config.init_from == str(out) and config.data.tokenizer == summary["tokenizer"]
   assert "--config.model.hidden_size=32" in summary["train_flags"]
   _, abstract = step.abstract_model(config.model)
-  params = checkpoint.load_params(str(out), abstract)
+  params, _ = checkpoint.restore_params(str(out), checkpoint.single_device(abstract))
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()
   np.testing.assert_array_equal(np.asarray(params["word_embeddings"][...]), ref)
 

@@ -60,16 +60,13 @@ def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
 
 def _params(workdir, step):
   """Final parameters as numpy, restored on one device from the run's checkpoint."""
-  from mlm_jax import checkpoint, step as step_lib
+  from mlm_jax import checkpoint
   import ml_collections
   cfg = ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
-  graphdef, abstract = step_lib.abstract_model(cfg.model)
   import jax
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), abstract)
   ck = checkpoint.Checkpointer(str(workdir), async_save=False)
   assert step in ck.all_steps()
-  params = checkpoint.load_params(str(workdir), abstract)
+  _, params, _ = checkpoint.restore_model(str(workdir), cfg.model)
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
 

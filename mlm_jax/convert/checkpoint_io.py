@@ -28,107 +28,15 @@ import numpy as np
 import ml_collections
 from sentencepiece import sentencepiece_model_pb2
 
+from mlm_jax import checkpoint as ckpt_lib
+from mlm_jax import errors
 from mlm_jax.convert import hf, hf_tokenizer
 from mlm_jax.data import tokenizer as tok_lib
 
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
-class ConversionError(ValueError):
-  """A problem with the user's input (files, names, shapes); printed as one line."""
-
-
-# ------------------------------------------------------------------------------------------
-# Our side: workdirs
-# ------------------------------------------------------------------------------------------
-def read_config(workdir: str) -> ml_collections.ConfigDict:
-  """WORKDIR/config.json (written by the training binary or by `from_hf`) as a ConfigDict."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isdir(workdir):
-    raise ConversionError(f"workdir {workdir}: no such directory")
-  if not os.path.exists(path):
-    raise ConversionError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
-  with open(path, encoding="utf-8") as f:
-    try:
-      return ml_collections.ConfigDict(json.load(f))
-    except json.JSONDecodeError as e:
-      raise ConversionError(f"{path}: not valid JSON ({e})") from None
-
-
-def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
-  """The run's sentencepiece model: `data.tokenizer`, or the one the run trained into WORKDIR/tokenizer."""
-  path = config.data.tokenizer if "data" in config and config.data.get("tokenizer") else ""
-  return path or os.path.join(workdir, "tokenizer", "spm.model")
-
-
-def load_tokenizer(path: str, vocab_size: int | None = None) -> tok_lib.Tokenizer:
-  if "://" not in path and not os.path.exists(path):
-    raise ConversionError(f"tokenizer model {path}: missing")
-  try:
-    tok = tok_lib.load(path)
-  except (OSError, ValueError) as e:
-    raise ConversionError(str(e)) from None
-  if vocab_size is not None and tok.vocab_size != vocab_size:
-    raise ConversionError(f"vocab size mismatch: the model has vocab_size={vocab_size} but the tokenizer "
-                          f"{path} has {tok.vocab_size} pieces")
-  return tok
-
-
-def _single_device(tree):
-  dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
-
-
-def _reader(directory: str):
-  """A CheckpointManager that only reads: item handlers given up front, so that item metadata
-  (shapes of every saved array) is available in a fresh process before anything is restored."""
-  import orbax.checkpoint as ocp
-  options = ocp.CheckpointManagerOptions(create=False, read_only=True)
-  return ocp.CheckpointManager(directory, options=options, item_handlers=dict(
-      state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
-
-
-def _key(path) -> str:
-  return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
-def restore_params(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None):
-  """(graphdef, params on one device, step) from WORKDIR/checkpoints, written by any mesh."""
-  import orbax.checkpoint as ocp
-  from mlm_jax import step as step_lib
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-  if not os.path.isdir(directory):
-    raise ConversionError(f"{directory}: missing (no checkpoint was saved in {workdir})")
-  try:
-    graphdef, abstract = step_lib.abstract_model(model_cfg)
-  except ValueError as e:
-    raise ConversionError(f"{workdir}/config.json: {e}") from None
-  manager = _reader(directory)
-  try:
-    steps = list(manager.all_steps())
-    if not steps:
-      raise ConversionError(f"{directory}: no checkpoint")
-    step = max(steps) if step is None else int(step)
-    if step not in steps:
-      raise ConversionError(f"{directory}: no checkpoint for step {step} (have {', '.join(map(str, sorted(steps)))})")
-    meta = manager.item_metadata(step)["state"]
-    saved = {_key(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(meta) if hasattr(m, "shape")}
-    for path, leaf in jax.tree_util.tree_leaves_with_path({"params": abstract}):
-      name = _key(path)
-      if name not in saved:
-        raise ConversionError(f"{directory}/{step} has no array {name}: config.json does not describe the model "
-                              "that wrote it")
-      if saved[name] != tuple(leaf.shape):
-        raise ConversionError(f"{directory}/{step}: {name} has shape {saved[name]}, but config.json builds "
-                              f"{tuple(leaf.shape)}")
-    # The rest of the state (optimizer moments, counters) comes along onto the same device:
-    # orbax restores whole items, and it is a few times the parameters at most.
-    state = dict(_single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)))
-    state["params"] = _single_device(abstract)
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state)))
-  finally:
-    manager.close()
-  return graphdef, restored.state["params"], step
+ConversionError = errors.ConversionError
 
 
 def default_arch(model_cfg: ml_collections.ConfigDict) -> str:
@@ -149,9 +57,9 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   """Writes an HF folder from a workdir; returns a summary (step, arch, files)."""
   from safetensors.numpy import save_file
   _check_out(out, overwrite)
-  config = read_config(workdir)
+  config = ckpt_lib.read_config(workdir)
   mcfg = config.model
-  tok = load_tokenizer(tokenizer_path(workdir, config), mcfg.vocab_size)
+  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
   arch = arch or default_arch(mcfg)
   if arch not in hf.ARCHS:
     raise ConversionError(f"unknown architecture --arch={arch!r}: expected one of {', '.join(hf.ARCHS)}")
@@ -159,7 +67,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     hcfg = hf.hf_config(mcfg, arch, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
   except ValueError as e:
     raise ConversionError(str(e)) from None
-  _, params, step = restore_params(workdir, mcfg, step)
+  _, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
   state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.params_to_hf(params, mcfg, arch).items()}
   if mcfg.type_vocab_size == 0:
     # Our model has no token types; transformers always adds one: a zero row changes nothing.
@@ -345,7 +253,6 @@ def train_overrides(mcfg: ml_collections.ConfigDict) -> list[str]:
 
 def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool = False) -> dict:
   """Writes OUT/{config.json, checkpoints/0, tokenizer/spm.model}; returns a summary with the train flags."""
-  from mlm_jax import checkpoint as ckpt_lib
   from mlm_jax.defaults import default_config
   _check_out(out, overwrite)
   ckpt_dir = os.path.join(out, "checkpoints")
@@ -360,7 +267,7 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   _, params = params_from_state_dict(sd, mcfg, arch)
 
   if tokenizer:
-    tok = load_tokenizer(tokenizer, mcfg.vocab_size)
+    tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
     ids = dict(layout=tok.layout, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
                mask_id=tok.mask_id)
     tok_files = (tok.model_proto, ids)
@@ -390,7 +297,7 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
     if tok_files[1]:
       with open(tok_lib.special_ids_path(spm_path), "w", encoding="utf-8") as f:
         json.dump(tok_files[1], f, indent=1, sort_keys=True)
-    load_tokenizer(spm_path, mcfg.vocab_size)   # the written pair loads and agrees
+    ckpt_lib.load_tokenizer(spm_path, mcfg.vocab_size)   # the written pair loads and agrees
   ckpt = ckpt_lib.Checkpointer(out, keep=1, async_save=False)
   state = {"params": jax.tree.map(jnp.asarray, params), "step": jnp.zeros((), jnp.int32)}
   ckpt.save(0, state, {"from_hf": os.path.abspath(hf_dir), "weights": os.path.basename(source)})
