@@ -19,7 +19,6 @@ peak are split between them accordingly).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -29,37 +28,16 @@ import time
 
 import ml_collections
 
-GIB = 2**30
+from mlm_jax import runtime
+from mlm_jax.errors import UserError
 
-# Per chip: HBM bytes and peak bf16 FLOP/s (Google Cloud TPU documentation). Compile-only devices
-# report neither (memory_stats() needs an attached device), hence the table.
-CHIPS = {
-    "TPU v4": (32 * GIB, 275e12),
-    "TPU v5 lite": (16 * GIB, 197e12),
-    "TPU v5": (95 * GIB, 459e12),
-    "TPU v6 lite": (32 * GIB, 918e12),
-}
+GIB = 2**30
 
 BATCH_KEYS = ("input_ids", "segment_ids", "positions", "word_starts")
 
 
-class AotError(ValueError):
+class AotError(UserError):
   """A config or topology problem the user can fix; the tools print it as one line."""
-
-
-@contextlib.contextmanager
-def _stderr_to(path):
-  """Route the process's fd 2 (where libtpu's C++ logging goes) into a file for the block."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with open(path, "w") as f:
-    os.dup2(f.fileno(), 2)
-  try:
-    yield
-  finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
 
 
 def topology_devices(name: str) -> list:
@@ -78,7 +56,7 @@ def topology_devices(name: str) -> list:
   from jax.experimental import topologies
   with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
     try:
-      with _stderr_to(log.name):
+      with runtime.stderr_to(log.name):
         topo = topologies.get_topology_desc(platform="tpu", topology_name=name)
     except Exception as e:  # noqa: BLE001 - libtpu raises JaxRuntimeError/ValueError variously
       sys.stderr.write(log.read())
@@ -88,33 +66,15 @@ def topology_devices(name: str) -> list:
 
 def chip_spec(devices) -> tuple[str, int, int, float]:
   """(device kind, devices per chip, HBM bytes per device, peak bf16 FLOP/s per device)."""
+  from mlm_jax import flops
   kind = devices[0].device_kind
-  if kind not in CHIPS:
-    raise AotError(f"no HBM/peak figures for device kind {kind!r}: known {sorted(CHIPS)}")
+  spec = flops.accelerator_spec(kind)
+  if spec is None:
+    raise AotError(f"no HBM/peak figures for device kind {kind!r}: known {sorted(flops.ACCELERATORS)}")
   chips = len({tuple(getattr(d, "coords", (d.id,))) for d in devices})
   per_chip = max(1, len(devices) // max(chips, 1))
-  hbm, peak = CHIPS[kind]
+  hbm, peak = spec
   return kind, per_chip, hbm // per_chip, peak / per_chip
-
-
-def prepare_config(config: ml_collections.ConfigDict) -> list[str]:
-  """Fill what training takes from the tokenizer; returns notes saying what was assumed.
-
-  The ids only pick which tokens masking may touch, so they change neither the memory nor the
-  FLOPs of the step; the vocabulary size does, and must be given.
-  """
-  notes = []
-  if config.model.vocab_size <= 0:
-    raise AotError("model.vocab_size=0 means 'from the tokenizer' at train time; "
-                   "pass --config.model.vocab_size=N")
-  v = config.model.vocab_size
-  if config.masking.mask_id < 0:
-    config.masking.mask_id = v - 1
-    notes.append(f"masking.mask_id unset: using {v - 1} (last id, XLM-R layout)")
-  if not config.masking.special_ids:
-    config.masking.special_ids = (0, 1, 2, 3)
-    notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
-  return notes
 
 
 def abstract_inputs(trainer, config: ml_collections.ConfigDict):
@@ -168,9 +128,9 @@ def parse_oom(message: str) -> tuple[str, int, int] | None:
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict:
   """Compile the train step for `topology`; a JSON-ready report (see the module docstring)."""
-  from mlm_jax import flops, masking, sharding, step
+  from mlm_jax import flops, masking, resolve, sharding, step
 
-  notes = prepare_config(config)
+  config, notes = resolve.resolve_for_compile(config)
   devices = topology_devices(topology)
   kind, per_chip, hbm, peak = chip_spec(devices)
   try:

@@ -8,6 +8,26 @@ import ml_collections
 from mlm_jax.data.config import data_defaults
 
 
+def loop_defaults() -> ml_collections.ConfigDict:
+  """The `train` section: what the one loop (mlm_jax/loop.py) reads, for pretraining and fine-tuning."""
+  t = ml_collections.ConfigDict()
+  t.steps = 1000
+  t.batch_size = 32              # global, in sequences
+  t.log_every = 50
+  t.eval_every = 500
+  t.eval_batches = 20            # pretraining: held-out global batches per evaluation
+  t.eval_at_start = False        # also evaluate the untrained (or restored) model before the first step
+  t.save_every = 500
+  t.keep_checkpoints = 3
+  t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error
+  t.max_consecutive_nonfinite = 20   # skip mode gives up after this many non-finite steps in a row
+  t.peak_tflops_per_device = 0.0 # for MFU; 0 = known accelerator peak, or measured on CPU
+  # After SIGTERM the loop saves at the next step boundary; a run that has not reached it this many
+  # seconds later (stuck reading input) exits without saving. Preemption notices give ~30 s.
+  t.sigterm_timeout_s = 25.0
+  return t
+
+
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -78,19 +98,8 @@ def default_config() -> ml_collections.ConfigDict:
   # ---- data (mlm_jax/data/) ----
   c.data = data_defaults()
 
-  # ---- training loop (mlm_jax/train.py) ----
-  t = c.train = ml_collections.ConfigDict()
-  t.steps = 1000
-  t.batch_size = 32              # global, in sequences
-  t.log_every = 50
-  t.eval_every = 500
-  t.eval_batches = 20
-  t.eval_at_start = False        # also evaluate the untrained (or restored) model before the first step
-  t.save_every = 500
-  t.keep_checkpoints = 3
-  t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error
-  t.max_consecutive_nonfinite = 20   # skip mode gives up after this many non-finite steps in a row
-  t.peak_tflops_per_device = 0.0 # for MFU; 0 = known accelerator peak, or measured on CPU
+  # ---- training loop (mlm_jax/loop.py) ----
+  c.train = loop_defaults()
 
   # ---- mesh and sharding (mlm_jax/sharding.py) ----
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

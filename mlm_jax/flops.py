@@ -51,3 +51,26 @@ def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32")
 
 def mfu(tokens_per_sec: float, flops_per_tok: float, peak_flops_per_sec: float) -> float:
   return tokens_per_sec * flops_per_tok / peak_flops_per_sec
+
+
+GIB = 2**30
+# Per chip: HBM bytes and peak dense bf16 FLOP/s (the vendors' documentation), by JAX's device_kind.
+# The trainer takes MFU's denominator from here; the AOT tool also takes HBM (compile-only TPU
+# devices report neither).
+ACCELERATORS = {
+    "TPU v4": (32 * GIB, 275e12),
+    "TPU v5 lite": (16 * GIB, 197e12),
+    "TPU v5": (95 * GIB, 459e12),
+    "TPU v6 lite": (32 * GIB, 918e12),
+    "NVIDIA A100": (80 * GIB, 312e12),
+    "NVIDIA H100": (80 * GIB, 989e12),
+    "NVIDIA H200": (141 * GIB, 989e12),
+}
+
+
+def accelerator_spec(device_kind: str) -> tuple[int, float] | None:
+  """(HBM bytes, peak FLOP/s) per chip for a device kind ('NVIDIA H100 80GB HBM3' -> H100), or None."""
+  if device_kind in ACCELERATORS:
+    return ACCELERATORS[device_kind]
+  known = [k for k in ACCELERATORS if device_kind.lower().startswith(k.lower())]
+  return ACCELERATORS[max(known, key=len)] if known else None

@@ -42,7 +42,8 @@ class Trainer:
   batch_sharding: jax.sharding.NamedSharding
   init: Callable         # () -> TrainState, created directly in its sharded layout
   train_step: Callable   # (state, batch, key) -> (state, metric sums)
-  eval_step: Callable    # (params, batch, key) -> metric sums
+  eval_step: Callable    # (params, batch, key) -> the objective's eval output (MLM: metric sums)
+  objective: Any
 
 
 def abstract_model(model_cfg: ml_collections.ConfigDict):
@@ -51,15 +52,42 @@ def abstract_model(model_cfg: ml_collections.ConfigDict):
   return nnx.split(model, nnx.Param)
 
 
-def _forward_sums(graphdef, params, batch, dropout_key, activation_sharding=None):
-  """Summed loss and metric sums over the batch's prediction slots."""
-  model = nnx.merge(graphdef, params)
-  hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                 dropout_key=dropout_key, activation_sharding=activation_sharding)
-  y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
-  sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
-                             batch["masked_weights"])
-  return sums["loss_sum"], sums
+class MLM:
+  """The masked-LM objective: masking inside the step, the loss over the prediction slots only.
+
+  An objective is what `make_trainer` needs beyond the model: `prepare` (the step's on-device
+  input transform, here dynamic masking), `loss_sums` (summed loss and metric sums; the gradient is
+  divided by `sums[count_key]` of the global batch), `evaluate` (what the eval step returns) and, for
+  the loop, `summarize` / `console` (rates and their part of the console line).
+  """
+  count_key = "num_predictions"
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.masking, self.vocab_size = config.masking, config.model.vocab_size
+
+  def prepare(self, batch, key):
+    return masking.mask_batch(batch, key, self.masking, self.vocab_size)
+
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
+    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
+                   dropout_key=dropout_key, activation_sharding=activation_sharding)
+    y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
+    sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
+                               batch["masked_weights"])
+    return sums["loss_sum"], sums
+
+  def evaluate(self, model, batch, key, activation_sharding=None):
+    """Metric sums with masks from `key` (fixed across evaluations, so they are comparable)."""
+    return self.loss_sums(model, self.prepare(batch, key), None, activation_sharding)[1]
+
+  @staticmethod
+  def summarize(sums) -> dict:
+    rates = objectives.summarize(sums)
+    return dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]))
+
+  @staticmethod
+  def console(m: dict) -> str:
+    return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
 
 
 def _microbatches(batch, n):
@@ -89,36 +117,36 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
 
-def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None) -> Trainer:
-  mcfg, kcfg, ocfg = config.model, config.masking, config.optimizer
-  masking.check_config(kcfg, mcfg.vocab_size)
+def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
+                 objective=None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
+  """Init, shardings and the jitted steps for a model and an objective (default: the encoder and MLM)."""
   mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
-  rules = config.sharding.rules
-  accum = int(ocfg.grad_accum_steps)
-  if accum < 1 or config.train.batch_size % accum:
-    raise ValueError(f"optimizer.grad_accum_steps={accum} must be >= 1 and divide "
-                     f"train.batch_size={config.train.batch_size}")
+  objective = objective if objective is not None else MLM(config)
+  make_model = make_model or (lambda: Encoder(config.model, seed=config.seed))
+  accum = int(config.optimizer.grad_accum_steps)
   total_steps = int(config.train.steps)
-  tx = optim.make_optimizer(ocfg, total_steps)
-  schedule = optim.make_schedule(ocfg, total_steps)
-  graphdef, abstract_params = abstract_model(mcfg)
+  tx = optim.make_optimizer(config.optimizer, total_steps)
+  schedule = optim.make_schedule(config.optimizer, total_steps)
+  graphdef, _ = nnx.split(nnx.eval_shape(make_model), nnx.Param)
 
   def init_fn():
-    params = nnx.state(Encoder(mcfg, seed=config.seed), nnx.Param)
+    params = nnx.state(make_model(), nnx.Param)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       nonfinite=jnp.zeros((), jnp.int32))
 
   abstract_state = jax.eval_shape(init_fn)
-  state_sh = sharding.state_shardings(abstract_state, mesh, rules)
+  state_sh = sharding.state_shardings(abstract_state, mesh, config.sharding.rules)
   batch_sh = sharding.batch_sharding(mesh)   # also pins [batch, seq, hidden] activations (see model.py)
   repl = sharding.replicated(mesh)
-  vocab = mcfg.vocab_size
+
+  def loss_sums(params, batch, dropout_key):
+    return objective.loss_sums(nnx.merge(graphdef, params), batch, dropout_key, batch_sh)
 
   def train_step(state: TrainState, batch, key):
     step_key = jax.random.fold_in(key, state.step)
-    mask_key, dropout_key = jax.random.split(step_key)
-    batch = masking.mask_batch(batch, mask_key, kcfg, vocab)
-    grad_fn = jax.grad(lambda p, b, k: _forward_sums(graphdef, p, b, k, batch_sh), has_aux=True)
+    prepare_key, dropout_key = jax.random.split(step_key)
+    batch = objective.prepare(batch, prepare_key)
+    grad_fn = jax.grad(loss_sums, has_aux=True)
     if accum == 1:
       grads, sums = grad_fn(state.params, batch, dropout_key)
     else:
@@ -126,10 +154,12 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
         micro, i = xs
         g, s = grad_fn(state.params, micro, jax.random.fold_in(dropout_key, i))
         return jax.tree.map(jnp.add, carry, (g, s)), None
-      zeros = jax.tree.map(jnp.zeros_like, (state.params, _sums_like()))
+      first = jax.tree.map(lambda x: x[0], _microbatches(batch, accum))
+      zeros = jax.tree.map(jnp.zeros_like, (state.params, jax.eval_shape(grad_fn, state.params, first,
+                                                                         dropout_key)[1]))
       (grads, sums), _ = jax.lax.scan(body, zeros, (_microbatches(batch, accum), jnp.arange(accum)))
-    # Gradient of the mean loss over all predictions of the global batch, however it was split.
-    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["num_predictions"], 1.0), grads)
+    # Gradient of the mean loss over the whole global batch, however it was split.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums[objective.count_key], 1.0), grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
     new_state = apply_if_finite(state, grads, tx, finite, sharding.platform(mesh))
@@ -138,9 +168,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
     return new_state, metrics
 
   def eval_step(params, batch, key):
-    batch = masking.mask_batch(batch, key, kcfg, vocab)
-    _, sums = _forward_sums(graphdef, params, batch, None, batch_sh)
-    return sums
+    return objective.evaluate(nnx.merge(graphdef, params), batch, key, batch_sh)
 
   init = jax.jit(init_fn, out_shardings=state_sh)
   train_jit = jax.jit(train_step, donate_argnums=(0,), in_shardings=(state_sh, batch_sh, repl),
@@ -148,12 +176,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   eval_jit = jax.jit(eval_step, in_shardings=(state_sh.params, batch_sh, repl), out_shardings=repl)
   return Trainer(config=config, mesh=mesh, graphdef=graphdef, tx=tx, schedule=schedule,
                  state_sharding=state_sh, batch_sharding=batch_sh, init=init, train_step=train_jit,
-                 eval_step=eval_jit)
-
-
-def _sums_like():
-  z = jnp.zeros((), jnp.float32)
-  return dict(loss_sum=z, correct_sum=z, num_predictions=z)
+                 eval_step=eval_jit, objective=objective)
 
 
 def model_from_params(graphdef, params) -> Encoder:

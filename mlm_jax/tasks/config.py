@@ -7,7 +7,7 @@ pretraining ones (mlm_jax/defaults.py), with fine-tuning values.
 """
 import ml_collections
 
-from mlm_jax.defaults import default_config
+from mlm_jax.defaults import default_config, loop_defaults
 
 
 def finetune_config() -> ml_collections.ConfigDict:
@@ -51,14 +51,11 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.optimizer.update(dict(learning_rate=5e-5, warmup_steps=0, warmup_fraction=0.06, schedule="linear",
                           weight_decay=0.01, clip_norm=1.0))
 
-  r = c.train = ml_collections.ConfigDict()
-  r.steps = 1000
-  r.batch_size = 32              # global
+  r = c.train = loop_defaults()
+  r.update(dict(eval_every=200,  # and at the last step
+                save_every=500,  # latest checkpoint, for resuming (the best one is kept separately)
+                keep_checkpoints=1))
   r.eval_batch_size = 64
-  r.log_every = 50
-  r.eval_every = 200             # and at the last step
-  r.save_every = 500             # latest checkpoint, for resuming (the best one is kept separately)
-  r.keep_checkpoints = 1
   # Which eval metric picks the best checkpoint (higher is better); '' = the task's default:
   # accuracy (classification), pearson (regression), f1 (token: entity F1; qa: SQuAD F1).
   r.best_metric = ""

@@ -1,0 +1,187 @@
+"""The one resolution step: a loaded config + the workdir (+ the tokenizer, the init_from folder) ->
+the final, validated, frozen config that the run uses and writes as WORKDIR/config.json.
+
+Everything a run derives is derived here and nowhere else: `{workdir}` in paths, the vocabulary
+size and masking ids from the tokenizer, a fine-tuning model from its source folder, warmup steps
+from a warmup fraction. Then every choice is checked (choices.py) with the cross-field rules below,
+and the config is frozen, so nothing edits it afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+from absl import logging
+
+from mlm_jax import choices, masking, sharding
+from mlm_jax.errors import ConfigError
+
+
+def freeze(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
+  return ml_collections.FrozenConfigDict(config)
+
+
+def _copy(config) -> ml_collections.ConfigDict:
+  """An unlocked, editable copy (the loaded config stays as the user wrote it)."""
+  return ml_collections.ConfigDict(config.to_dict())
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Every choice, then the rules that tie fields together; one ConfigError naming the key(s)."""
+  choices.check_config(config)
+  t = config.train
+  n = jax.process_count()
+  for name in ("batch_size", "eval_batch_size"):
+    if name in t and t[name] % n:
+      raise ConfigError(f"train.{name}={t[name]} is not divisible by the {n} processes")
+  accum = int(config.optimizer.grad_accum_steps)
+  if accum < 1 or t.batch_size % accum:
+    raise ConfigError(f"optimizer.grad_accum_steps={accum} must be >= 1 and divide train.batch_size={t.batch_size}")
+  if "masking" in config:
+    masking.check_config(config.masking, config.model.vocab_size)
+  m = config.model
+  if m.hidden_size % m.num_heads:
+    raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+  seq_len = config.data.seq_len if "data" in config else config.seq_len
+  limit = m.max_position_embeddings - m.position_offset
+  if m.positions == "learned" and seq_len > limit:
+    where = "data.seq_len" if "data" in config else "seq_len"
+    raise ConfigError(f"{where}={seq_len}: the model has positions for {limit} tokens "
+                      f"(model.max_position_embeddings={m.max_position_embeddings})")
+
+
+# ------------------------------------------------------------------------------------------
+# Pretraining
+# ------------------------------------------------------------------------------------------
+def _substitute_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """`{workdir}` in data paths means the run's directory (the demo keeps its corpus there)."""
+  d = config.data
+  d.sources = tuple(s.replace("{workdir}", workdir) for s in d.sources)
+  d.eval_sources = tuple(s.replace("{workdir}", workdir) for s in d.eval_sources)
+  d.tokenizer = d.tokenizer.replace("{workdir}", workdir)
+
+
+def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
+  """`data.tokenizer`, or one trained into WORKDIR/tokenizer from the training sources (once)."""
+  from mlm_jax import runtime
+  from mlm_jax.data import tokenizer as tok_lib
+  path = config.data.tokenizer
+  if not path:
+    path = os.path.join(workdir, "tokenizer", "spm.model")
+    if not os.path.exists(path) and jax.process_index() == 0:
+      t = config.tokenizer
+      logging.info("training a %d-piece %s tokenizer on %s", t.vocab_size, t.model_type, config.data.sources)
+      tok_lib.train(list(config.data.sources), path[:-len(".model")], vocab_size=t.vocab_size, layout=t.layout,
+                    model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
+                    seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
+    sharding.sync_processes("tokenizer")
+  elif not os.path.exists(path) and "://" not in path:
+    raise ConfigError(f"data.tokenizer={path!r}: no such file (expected a sentencepiece .model)")
+  return tok_lib.load(path)
+
+
+def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
+  """Model vocabulary and masking ids come from the tokenizer; a mismatch is an error."""
+  if config.model.vocab_size <= 0:
+    config.model.vocab_size = tok.vocab_size
+  config.masking.mask_id = tok.mask_id
+  config.masking.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
+  if config.model.vocab_size != tok.vocab_size:
+    raise ConfigError(f"model.vocab_size={config.model.vocab_size} does not match the tokenizer "
+                      f"{tok.model_path} ({tok.vocab_size} pieces)")
+
+
+def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str):
+  """(frozen config, tokenizer) for `mlm_jax.train`; writes the demo corpus / trains the tokenizer once."""
+  config = _copy(config)
+  choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
+  _substitute_workdir(config, workdir)
+  if config.demo_corpus:
+    from mlm_jax import demo_corpus
+    if jax.process_index() == 0:
+      demo_corpus.write(os.path.join(workdir, "demo_corpus"))
+    sharding.sync_processes("demo_corpus")
+  tok = _pretraining_tokenizer(config, workdir)
+  bind_tokenizer(config, tok)
+  check(config)
+  return freeze(config), tok
+
+
+def resolve_for_compile(config: ml_collections.ConfigDict):
+  """(frozen config, notes) for compiling the step without a tokenizer (the AOT tool).
+
+  The ids only pick which tokens masking may touch, so they change neither the memory nor the
+  FLOPs of the step; the vocabulary size does, and must be given.
+  """
+  config, notes = _copy(config), []
+  v = config.model.vocab_size
+  if v <= 0:
+    raise ConfigError("model.vocab_size=0 means 'from the tokenizer' at train time; pass --config.model.vocab_size=N")
+  if config.masking.mask_id < 0:
+    config.masking.mask_id = v - 1
+    notes.append(f"masking.mask_id unset: using {v - 1} (last id, XLM-R layout)")
+  if not config.masking.special_ids:
+    config.masking.special_ids = (0, 1, 2, 3)
+    notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
+  check(config)
+  return freeze(config), notes
+
+
+# ------------------------------------------------------------------------------------------
+# Fine-tuning
+# ------------------------------------------------------------------------------------------
+def finetune_source(init_from: str, workdir: str) -> str:
+  """The folder holding config.json + checkpoints; a transformers folder is converted into WORKDIR/init_model once."""
+  from mlm_jax.convert import checkpoint_io as cio
+  if not init_from:
+    raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
+  path = os.path.join(init_from, "config.json")
+  if not os.path.exists(path):
+    raise ConfigError(f"init_from={init_from!r}: no config.json (expected a pretraining workdir, a from_hf "
+                      "folder or a transformers model folder)")
+  with open(path, encoding="utf-8") as f:
+    raw = json.load(f)
+  if "model_type" not in raw:
+    return init_from
+  out = os.path.join(workdir, "init_model")   # a transformers folder: convert it once, with the converter
+  if not os.path.exists(os.path.join(out, "config.json")):
+    if jax.process_index() == 0:
+      summary = cio.from_hf(init_from, out, overwrite=True)
+      logging.info("converted %s (%s) into %s", init_from, summary["arch"], out)
+    sharding.sync_processes("from_hf")
+  return out
+
+
+def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None):
+  """(frozen config with a `model` section, tokenizer) for `mlm_jax.finetune`.
+
+  The model is the source's (on top of today's defaults) with the fine-tuning dropout overrides;
+  the tokenizer is the source's unless `tokenizer` is set; `init_from` becomes the source folder.
+  """
+  from mlm_jax import checkpoint as ckpt_lib
+  from mlm_jax.defaults import default_config
+  config = _copy(config)
+  choices.check_config(config)
+  source = finetune_source(init_from or config.init_from, workdir)
+  source_cfg = ckpt_lib.read_config(source)
+  model = default_config().model
+  model.update(source_cfg.model.to_dict())
+  if config.hidden_dropout >= 0:
+    model.hidden_dropout = config.hidden_dropout
+  if config.attention_dropout >= 0:
+    model.attention_dropout = config.attention_dropout
+  config.model = model
+  config.init_from = source
+  path = config.tokenizer or ckpt_lib.tokenizer_path(source, source_cfg)
+  if not os.path.exists(path) and "://" not in path:
+    raise ConfigError(f"{source}: no sentencepiece tokenizer at {path}; pass --config.tokenizer=MODEL "
+                      "(a transformers folder needs its spm.model or sentencepiece.bpe.model)")
+  config.tokenizer = path
+  tok = ckpt_lib.load_tokenizer(path, model.vocab_size)
+  o = config.optimizer
+  if not o.warmup_steps:
+    o.warmup_steps = int(round(o.get("warmup_fraction", 0.0) * config.train.steps))
+  check(config)
+  return freeze(config), tok

@@ -1,0 +1,65 @@
+"""The one loop's SIGTERM watchdog: a run stalled in its input still ends soon after SIGTERM, with no
+checkpoint newer than its last complete step."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from subproc import REPO, cpu_env
+
+# A tiny encoder trained by the real loop on random tokens; its input blocks forever at step 5.
+_STALLING_RUN = """
+import sys, threading
+from mlm_jax import runtime
+runtime.configure()
+import numpy as np
+from mlm_jax import loop, resolve, sharding, step
+from mlm_jax.defaults import default_config
+
+c = default_config()
+c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+               max_position_embeddings=16)
+c.data.seq_len = 16
+c.train.update(steps=100, batch_size=4, log_every=1, save_every=2, sigterm_timeout_s=3.0)
+config, _ = resolve.resolve_for_compile(c)
+trainer = step.make_trainer(config, sharding.make_mesh(config.mesh))
+
+
+class Stalling:
+  def batch(self, i):
+    if i == 5:
+      print("stalled", flush=True)
+      threading.Event().wait()   # an input that never comes (a hung file system)
+    ids = np.random.default_rng(i).integers(4, 63, (4, 16)).astype(np.int32)
+    return dict(input_ids=ids, segment_ids=np.ones_like(ids), positions=np.tile(np.arange(16, dtype=np.int32), (4, 1)),
+                word_starts=np.ones_like(ids))
+
+  def get_state(self):
+    return {}
+
+  def set_state(self, state):
+    pass
+
+
+loop.Loop(trainer, sys.argv[1], Stalling(), None, trainer.init, tokens_per_example=16, flops_per_token=1.0).run()
+"""
+
+
+def test_sigterm_during_an_input_stall_exits_without_a_newer_checkpoint(tmp_path):
+  proc = subprocess.Popen([sys.executable, "-c", _STALLING_RUN, str(tmp_path)], cwd=REPO, env=cpu_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert proc.stdout.readline().strip() == "stalled", proc.stderr.read()[-2000:]
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+  finally:
+    proc.kill()
+  assert time.monotonic() - t0 < 20
+  assert proc.returncode == 1 and "SIGTERM: the run is stuck in input" in err, err[-2000:]
+  steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps and max(steps) == 4, steps   # saved every 2 steps; step 6 waits for batch 5 forever
+  logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert max(logged) == 5
