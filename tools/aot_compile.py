@@ -20,13 +20,15 @@ import sys
 
 # Never take an attached accelerator: all work is tracing and compiling on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mlm_jax import runtime  # noqa: E402
+
+runtime.configure()
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from mlm_jax import aot, cli  # noqa: E402
+from mlm_jax import aot  # noqa: E402
+from mlm_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.batch_size=4096.", lock_config=True)
@@ -58,8 +60,8 @@ def main(argv):
   for topology in _TOPOLOGY.value:
     try:
       report = aot.compile_train_step(_CONFIG.value, topology)
-    except ValueError as e:   # AotError and make_trainer's config checks: one line, no traceback
-      print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    except UserError as e:   # AotError and the config checks: one line, no traceback
+      runtime.report_user_error(e)
       sys.exit(2)
     report["config"] = name
     print(json.dumps(report) if _JSON.value else aot.format_text(report, name), flush=True)
@@ -72,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  runtime.run(main, exit_code=2)

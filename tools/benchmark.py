@@ -7,18 +7,20 @@
 `train` runs the real train step (masking, sparse MLM loss, AdamW; dropout 0.1 like the peers in
 ../shared/bench) on random token batches and reports tokens/s, compile time, peak RSS, model FLOPs
 per token, achieved TFLOP/s, the machine's measured matmul peak and MFU, and the minor page faults
-per step (near 0 when `cli.keep_freed_memory` works; ~200k for mini when XLA's scratch is handed
+per step (near 0 when `runtime.keep_freed_memory` works; ~200k for mini when XLA's scratch is handed
 back to the OS every step). Compare with peers only when measured side by side on the same machine.
 """
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
+
 from mlm_jax.presets import SIZES as PRESETS  # noqa: E402
 
 
@@ -40,10 +42,10 @@ def train_main(argv):
 
   import jax
   import numpy as np
-  from mlm_jax import cli, flops, masking, sharding, step
+  from mlm_jax import flops, masking, sharding, step
   from mlm_jax.defaults import default_config
 
-  kept = cli.keep_freed_memory()   # as the training binary does on CPU
+  kept = runtime.keep_freed_memory()   # as the training binary does on CPU
   c = default_config()
   c.model.update(PRESETS[args.model])
   c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
@@ -108,12 +110,10 @@ def train_main(argv):
 def main():
   if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input"):
     sys.exit("usage: benchmark.py {train|input} [flags]  (see --help of each)")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   if sys.argv[1] == "train":
     train_main(sys.argv[2:])
   else:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import benchmark_input
+    import benchmark_input   # beside this file, on sys.path as the script's folder
     benchmark_input.main(sys.argv[2:])
 
 

@@ -23,8 +23,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(_REPO), "shared", "data"))

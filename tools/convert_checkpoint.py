@@ -20,11 +20,11 @@ errors are one line on stderr and exit code 2.
 """
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
 
 
 def _parser():
@@ -42,14 +42,16 @@ def _parser():
   f.add_argument("--tokenizer", default=None,
                  help="sentencepiece .model to pair with the weights (default: the folder's own, if any)")
   f.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  for sub_parser in (t, f):
+    runtime.add_verbosity_flag(sub_parser)
   return p
 
 
 def main(argv=None) -> int:
   a = _parser().parse_args(argv)
-  from absl import logging
-  logging.set_verbosity(logging.ERROR)   # orbax's restore chatter is not for the user
+  runtime.setup_tool_logging()
   from mlm_jax.convert import checkpoint_io as cio
+  from mlm_jax.errors import UserError
   try:
     if a.command == "to_hf":
       summary = cio.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite)
@@ -63,8 +65,8 @@ def main(argv=None) -> int:
       print("continue pretraining with:\n  python -m mlm_jax.train --config=CONFIG --workdir=RUN "
             + " ".join(summary["train_flags"]) + " --config.data.sources=...")
     print(json.dumps(summary, sort_keys=True))
-  except (cio.ConversionError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except UserError as e:
+    runtime.report_user_error(e)
     return 2
   return 0
 

@@ -19,27 +19,26 @@ Prints one JSON object; errors are one line on stderr and exit code 2.
 import argparse
 import json
 import math
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
 
 
 def _parser():
+  from mlm_jax import inference
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="command", required=True)
   m = sub.add_parser("mlm", help="masked-LM loss, accuracy, perplexity and pseudo-log-likelihood on text files")
-  m.add_argument("--workdir", default=None, help="training workdir (or a from_hf output folder)")
-  m.add_argument("--hf_dir", default=None, help="a transformers folder, run by our model")
-  m.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-  m.add_argument("--tokenizer", default=None, help="sentencepiece .model for an HF folder without one")
+  inference.add_source_flags(m)
   m.add_argument("--data", required=True, help="text files: comma-separated globs, .gz read transparently")
   m.add_argument("--seq_len", type=int, default=128)
   m.add_argument("--batch_size", type=int, default=32)
   m.add_argument("--max_lines", type=int, default=0, help="use only the first N sequences (0 = all)")
   m.add_argument("--pll_lines", type=int, default=50, help="sequences scored by PLL (0 = none)")
   m.add_argument("--seed", type=int, default=0, help="masking seed")
+  runtime.add_verbosity_flag(m)
   return p
 
 
@@ -70,22 +69,16 @@ def _pack(rows: list, seq_len: int, pad_id: int, batch_size: int):
 
 
 def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int) -> dict:
-  """Masked-LM sums over all rows with fixed masks (key folded with the batch index)."""
+  """Masked-LM sums over all rows with fixed masks (key folded with the batch index): the eval step of
+  pretraining (step.MLM.evaluate), on one device."""
   import jax
   import jax.numpy as jnp
+  import ml_collections
   from flax import nnx
-  from mlm_jax import masking, objectives
+  from mlm_jax import objectives, step
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  vocab = lm.model_config.vocab_size
-
-  @jax.jit
-  def sums_fn(params, batch, key):
-    model = nnx.merge(graphdef, params)
-    batch = masking.mask_batch(batch, key, kcfg, vocab)
-    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"])
-    y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
-    return objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
-                               batch["masked_weights"])
+  mlm = step.MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
+  sums_fn = jax.jit(lambda params, batch, key: mlm.evaluate(nnx.merge(graphdef, params), batch, key))
 
   ids, seg, pos = _pack(rows, seq_len, lm.tokenizer.pad_id, batch_size)
   total = None
@@ -140,17 +133,17 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
                  max_lines=0, pll_lines=50, seed=0) -> dict:
-  from mlm_jax import inference
-  from mlm_jax.convert import checkpoint_io as cio
+  from mlm_jax import checkpoint, inference
   from mlm_jax.defaults import default_config
+  from mlm_jax.errors import UserError
   lm = inference.load(workdir=workdir, hf_dir=hf_dir, step=step, tokenizer=tokenizer)
   cfg = lm.model_config
   limit = cfg.max_position_embeddings - cfg.position_offset if cfg.positions == "learned" else seq_len
   if seq_len > limit:
-    raise ValueError(f"--seq_len={seq_len}: the model has positions for {limit} tokens")
+    raise UserError(f"--seq_len={seq_len}: the model has positions for {limit} tokens")
   kcfg = default_config().masking
   if workdir:
-    run = cio.read_config(workdir)
+    run = checkpoint.read_config(workdir)
     if "masking" in run:
       kcfg.update({k: v for k, v in run.masking.to_dict().items() if k in kcfg})
   tok = lm.tokenizer
@@ -158,7 +151,7 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
   kcfg.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
   rows = sequences(tok, [p for p in data.split(",") if p], seq_len, max_lines)
   if not rows:
-    raise ValueError(f"--data={data}: no text lines")
+    raise UserError(f"--data={data}: no text lines")
   out = dict(source=lm.source, data=data, sequences=len(rows))
   out.update(mlm_metrics(lm, kcfg, rows, seq_len, batch_size, seed))
   if pll_lines:
@@ -168,14 +161,14 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
 
 def main(argv=None) -> int:
   a = _parser().parse_args(argv)
-  from mlm_jax.convert.checkpoint_io import ConversionError
-  from mlm_jax.tasks.readers import DataError
+  runtime.setup_tool_logging()
+  from mlm_jax.errors import UserError
   try:
     result = evaluate_mlm(workdir=a.workdir, hf_dir=a.hf_dir, data=a.data, step=a.step, tokenizer=a.tokenizer,
                           seq_len=a.seq_len, batch_size=a.batch_size, max_lines=a.max_lines, pll_lines=a.pll_lines,
                           seed=a.seed)
-  except (ConversionError, DataError, ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except UserError as e:
+    runtime.report_user_error(e)
     return 2
   print(json.dumps(result, sort_keys=True))
   return 0

@@ -14,11 +14,11 @@ Errors are one line on stderr and exit code 2.
 """
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
 
 
 def _table(result) -> str:
@@ -32,28 +32,24 @@ def _table(result) -> str:
 
 
 def main(argv=None) -> int:
+  from mlm_jax import inference
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("text", nargs="+", help="text with one or more <mask>")
-  src = p.add_mutually_exclusive_group(required=True)
-  src.add_argument("--workdir", help="training workdir (or a from_hf output folder)")
-  src.add_argument("--hf_dir", help="transformers BERT / RoBERTa / XLM-R masked-LM folder")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
-  p.add_argument("--tokenizer", default=None, help="sentencepiece .model for an --hf_dir without one")
+  inference.add_source_flags(p)
   p.add_argument("--top_k", type=int, default=5)
   p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+  runtime.add_verbosity_flag(p)
   a = p.parse_args(argv)
   if a.top_k < 1:
     p.error("--top_k must be >= 1")
 
-  from absl import logging
-  logging.set_verbosity(logging.ERROR)   # orbax's restore chatter is not for the user
-  from mlm_jax import inference
-  from mlm_jax.convert.checkpoint_io import ConversionError
+  runtime.setup_tool_logging()
+  from mlm_jax.errors import UserError
   try:
     lm = inference.load(workdir=a.workdir, hf_dir=a.hf_dir, step=a.step, tokenizer=a.tokenizer)
     results = [inference.fill_mask(lm, t, a.top_k) for t in a.text]
-  except (ConversionError, ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except UserError as e:
+    runtime.report_user_error(e)
     return 2
   if a.json:
     print(json.dumps(dict(source=lm.source, results=results), ensure_ascii=False))

@@ -10,13 +10,14 @@ of the vocabulary. Writes OUT.model, OUT.vocab and OUT.special_ids.json; the tra
 pipeline reads the model with `mlm_jax.data.tokenizer.load(OUT.model)`.
 """
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
 
 from mlm_jax.data import tokenizer  # noqa: E402
+from mlm_jax.errors import UserError  # noqa: E402
 
 
 def main(argv=None):
@@ -35,6 +36,7 @@ def main(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--num_threads", type=int, default=0)
   p.add_argument("--quiet", action="store_true", help="no progress output")
+  runtime.add_verbosity_flag(p)
   a = p.parse_args(argv)
   try:
     tok = tokenizer.train(
@@ -42,9 +44,9 @@ def main(argv=None):
         alpha=a.alpha, max_sentences_per_language=a.max_sentences_per_language,
         input_sentence_size=a.input_sentence_size, character_coverage=a.character_coverage,
         byte_fallback=not a.no_byte_fallback, seed=a.seed, num_threads=a.num_threads,
-        verbose=not a.quiet)
-  except ValueError as e:  # DataError and argument errors: one line, no traceback
-    print(f"error: {e}", file=sys.stderr)
+        verbose=not a.quiet, spm_log=None if a.verbosity >= 1 else "")
+  except UserError as e:
+    runtime.report_user_error(e)
     return 2
   print(tok.model_path)
   return 0
