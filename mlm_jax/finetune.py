@@ -35,7 +35,6 @@ from mlm_jax import flops, heads, loop as loop_lib, resolve, sharding, step as s
 from mlm_jax.errors import ConfigError  # noqa: E402
 from mlm_jax.tasks import task as task_lib  # noqa: E402
 from mlm_jax.tasks.features import pad_rows  # noqa: E402
-from mlm_jax.train import absolute_workdir, write_config  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config (configs/finetune/*.py), fields "
                                           "overridable as --config.train.steps=100.", lock_config=True)
@@ -148,7 +147,7 @@ class TaskEvaluator:
 def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> dict:
   """Runs (or resumes) fine-tuning; returns the scores of the best checkpoint."""
   runtime.tensorflow()
-  workdir = absolute_workdir(workdir)
+  workdir = loop_lib.make_workdir(workdir)
   config, tok = resolve.resolve_finetuning(config, workdir, init_from)
   mcfg, kind = config.model, config.task.kind
   task = task_lib.build(config.task, tok, config.seq_len, mcfg.type_vocab_size)
@@ -169,7 +168,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
     logging.info("encoder initialized from %s", config.init_from)
     return state.replace(params=params)
 
-  write_config(config, workdir)
+  loop_lib.write_config(config, workdir)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "task.json"), "w", encoding="utf-8") as f:
       json.dump(dict(kind=kind, labels=task.labels, model=mcfg.to_dict(), tokenizer=tok.model_path), f, indent=1)

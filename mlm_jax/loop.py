@@ -33,6 +33,22 @@ from mlm_jax.errors import UserError
 from mlm_jax.metrics_writer import MetricsWriter
 
 
+def make_workdir(workdir: str) -> str:
+  """The absolute workdir (local, or gs:// and the like), created if missing."""
+  import tensorflow as tf
+  workdir = workdir if "://" in workdir else os.path.abspath(workdir)
+  tf.io.gfile.makedirs(workdir)
+  return workdir
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """WORKDIR/config.json: the resolved config, written once by process 0 before the first step."""
+  import tensorflow as tf
+  if jax.process_index() == 0:
+    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
 class Input(Protocol):
   """What the loop reads: this process's rows of global batch `step`, and a position to save."""
 

@@ -13,7 +13,6 @@ from mlm_jax import runtime
 runtime.configure()   # before jax and tensorflow are imported: platform and log levels
 
 import functools  # noqa: E402
-import os  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
@@ -131,25 +130,10 @@ class HeldOut:
     pass
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """WORKDIR/config.json: the resolved config, written once by process 0."""
-  import tensorflow as tf
-  if jax.process_index() == 0:
-    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-
-
-def absolute_workdir(workdir: str) -> str:
-  import tensorflow as tf
-  workdir = workdir if "://" in workdir else os.path.abspath(workdir)
-  tf.io.gfile.makedirs(workdir)
-  return workdir
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) training; returns the last logged metrics."""
   runtime.tensorflow()
-  workdir = absolute_workdir(workdir)
+  workdir = loop_lib.make_workdir(workdir)
   config, tok = resolve.resolve_pretraining(config, workdir)
   trainer = step_lib.make_trainer(config, sharding.make_mesh(config.mesh))
 
@@ -162,7 +146,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       logging.info("initialized parameters from %s", config.init_from)
     return state
 
-  write_config(config, workdir)
+  loop_lib.write_config(config, workdir)
   seq_len = config.data.seq_len
   fpt = flops.flops_per_token(config.model, seq_len, masking.max_predictions(config.masking, seq_len))
   loop = loop_lib.Loop(trainer, workdir, PipelineInput(host_pipeline(config, tok, "train")), HeldOut(trainer, tok),
