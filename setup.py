@@ -25,6 +25,7 @@ setup(
         "tensorflow-text>=2.20,<2.22",
         "tensorflow-datasets>=4.9.9,<4.10",
         "sentencepiece>=0.2.0,<0.3",
+        "array-record>=0.8.1,<0.9",
         "ml-collections>=1.0,<2",
         "absl-py>=2.1",
         "numpy>=2.0,<3",

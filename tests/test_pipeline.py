@@ -278,7 +278,8 @@ def test_bad_input_through_pipeline(tok, tmp_path):
   want = _expected_chunks(tok, ["gut", "\ufffd\ufffd kaputt", long_doc], 126)
   assert collections.Counter(got) == collections.Counter(want)
   assert stats.as_dict() == dict(empty_files=1, empty_docs=1, invalid_utf8_lines=1,
-                                 long_docs_split=1, long_blocks_split=0)
+                                 long_docs_split=1, long_blocks_split=0, long_lines_cut=0,
+                                 truncated_files=0)
   next(p)  # the repeating train stream runs too
   assert p.stats()["empty_files"] == 1
 

@@ -4,6 +4,10 @@
   python tools/benchmark_input.py                      # English Gutenberg books of ../shared/data
   python tools/benchmark_input.py --input='en=corpus/en/leipzig/*.gz' --doc_format=line
   python tools/benchmark.py input [same flags]
+  python tools/benchmark_input.py --store=DIR          # a token store (tools/prepare_data.py)
+
+With --store, times the store pipeline (no tokenization at training time) on the same batch
+shape, and the first batch after set_state at global batch 0, 1e4 and 1e6 (resume cost).
 
 Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, in-graph sentencepiece,
 segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
@@ -68,6 +72,31 @@ def _bench_pipeline(args, cfg, tok):
   return dict(tokens_per_sec=slots / dt, real_tokens_per_sec=real / dt,
               batches_per_sec=args.batches / dt, timed_batches=args.batches,
               timed_s=dt, warmup_s=warm_s, fill=real / slots, stats=it.stats())
+
+
+def _bench_store(args, cfg):
+  from mlm_jax.data import store_pipeline
+  cfg = cfg.copy_and_resolve_references()
+  cfg.sources = (f"store:{args.store}",)
+  t0 = time.perf_counter()
+  it = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+  build_s = time.perf_counter() - t0
+  for _ in range(3):
+    next(it)
+  real, t0 = 0, time.perf_counter()
+  for _ in range(args.batches):
+    real += int((next(it)["segment_ids"] > 0).sum())
+  dt = time.perf_counter() - t0
+  state, resume = it.get_state(), {}
+  for b in (0, 10**4, 10**6):
+    t0 = time.perf_counter()
+    fresh = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+    fresh.set_state(dict(state, rows=b * args.batch_size))
+    next(fresh)
+    resume[f"batch_{b}"] = time.perf_counter() - t0
+  slots = args.batches * args.batch_size * cfg.seq_len
+  return dict(store_tokens_per_sec=slots / dt, store_real_tokens_per_sec=real / dt,
+              store_index_build_s=build_s, store_resume_first_batch_s=resume)
 
 
 def _bench_peer(args, cfg, tok):
@@ -139,6 +168,7 @@ def main(argv=None):
   p.add_argument("--prefetch", type=int, default=4)
   p.add_argument("--peer_seconds", type=float, default=10.0)
   p.add_argument("--no_peer", action="store_true")
+  p.add_argument("--store", default="", help="also time this token store (and its resume)")
   args = p.parse_args(argv)
 
   from mlm_jax.data import config as data_config
@@ -156,6 +186,9 @@ def main(argv=None):
                 thread_settings=pipeline.thread_settings(cfg))
   r = _bench_pipeline(args, cfg, tok)
   result.update(r)
+  if args.store:
+    result.update(_bench_store(args, cfg))
+    result["store_speedup_vs_streaming"] = result["store_tokens_per_sec"] / result["tokens_per_sec"]
   if not args.no_peer:
     peer = _bench_peer(args, cfg, tok)
     result["peer_hf_collator_tokens_per_sec"] = peer.pop("tokens_per_sec")

@@ -22,6 +22,14 @@ def data_defaults() -> ml_collections.ConfigDict:
   # by a stable hash of their text (excluded from training, identical on every run and host).
   d.eval_sources = ()
   d.eval_percent = 1.0
+  # Lines longer than this many bytes are cut into pieces of that size before tokenization
+  # (counted as long_lines_cut). It bounds memory: sentencepiece's lattice over one 10 MB line
+  # takes gigabytes. 64 KiB is ~16k tokens, far beyond any seq_len, above almost every real
+  # paragraph, and costs ~100 MB in the worst case per line being tokenized.
+  d.max_line_bytes = 1 << 16
+  # True: any repaired or skipped input (invalid UTF-8, a cut line, an empty or truncated file)
+  # is an error naming the file, instead of a warning and a count in the stats.
+  d.strict = False
   d.doc_format = "line"          # line: a document per line | blank_line: blank-line-separated
   # segmented: documents packed whole, each with BOS/EOS, segment ids 1,2,.. and positions from 0
   #            (documents do not attend to each other); concat: RoBERTa FULL-SENTENCES stream.

@@ -256,6 +256,8 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
   elif not train and not c.eval_sources:
     raise sources_lib.DataError("eval split needs data.eval_sources or data.eval_percent > 0")
 
+  if stats is None:  # long lines are cut (and strict applies) whether or not anyone counts
+    stats = new_stats(c)
   sp = tf_text.SentencepieceTokenizer(model=tok.model_proto, out_type=tf.int32)
   npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
   packer = _Packer(tok, c.seq_len, stats, npc)
@@ -309,6 +311,14 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
   return batches.with_options(options)
 
 
+def new_stats(data_config) -> sources_lib.Stats:
+  """Repair counters with the config's policy (`data.strict`, `data.max_line_bytes`)."""
+  limit = data_config.get("max_line_bytes", 1 << 16)
+  if limit < 1024:
+    raise sources_lib.DataError(f"data.max_line_bytes={limit}: need at least 1024")
+  return sources_lib.Stats(strict=data_config.get("strict", False), max_line_bytes=limit)
+
+
 def thread_settings(data_config) -> dict:
   """The tf.data threading in effect, for logs and benchmarks."""
   return dict(private_threadpool_size=data_config.threads or "tf-default",
@@ -321,6 +331,16 @@ def thread_settings(data_config) -> dict:
               tf_intra_op=tf.config.threading.get_intra_op_parallelism_threads())
 
 
+def _input_error(message: str) -> str:
+  """A strict-mode assertion or a check_gzip DataError, raised inside tf.data -> one line."""
+  text = " ".join(message.split())
+  for marker in ("assertion failed: ", "DataError: "):
+    if marker in text:
+      text = text.split(marker, 1)[1]
+  text = text.split(" [[")[0].split(" {{node")[0].split(" [Op:")[0]
+  return text.replace("[", "").replace("]", "").strip()[:500]
+
+
 class Pipeline:
   """Iterator of host-local batches with an exact, tiny resumable state. See module docstring."""
 
@@ -331,7 +351,7 @@ class Pipeline:
     self.config = data_config
     self.batch_size, self.seed, self.split = batch_size, seed, split
     self.process_index, self.process_count = process_index, process_count
-    self._stats = sources_lib.Stats()
+    self._stats = new_stats(data_config)
     self._dataset = build_dataset(data_config, self.tokenizer, batch_size, seed, process_index,
                                   process_count, split, stats=self._stats)
     self._batches = 0
@@ -361,7 +381,10 @@ class Pipeline:
   def __next__(self) -> dict:
     if self._iterator is None:
       self._start(self._batches)
-    batch = next(self._iterator)
+    try:
+      batch = next(self._iterator)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
+      raise sources_lib.DataError(_input_error(e.message)) from None
     self._batches += 1
     return batch
 

@@ -19,12 +19,21 @@ together are the whole corpus, so no document is trained on twice per epoch.
 
 Bad input is reported in one line naming the file or spec (`DataError`); empty files, empty
 documents and lines with invalid UTF-8 (replaced by U+FFFD) are skipped or repaired and counted
-in `Stats`, never fatal: a 10 TB crawl always has a few of those.
+in `Stats`, never fatal: a 10 TB crawl always has a few of those. Two more repairs bound what
+hostile input can cost:
+* lines longer than `data.max_line_bytes` are cut into pieces of that size (a dropped partial
+  character at each cut) before tokenization: a 10 MB line of minified JSON would otherwise
+  reach sentencepiece whole, whose lattice needs gigabytes for it (`long_lines_cut`);
+* a truncated .gz (which tf.data reads silently up to the damage) is checked once per process
+  after its last line, warned about naming the file and counted (`truncated_files`).
+`Stats(strict=True)` (`data.strict`) turns every repair or skip, except blank documents and the
+splitting of long documents into rows, into an error naming the file.
 """
 import dataclasses
 import gzip
 import logging
 import re
+import zlib
 from typing import Optional, Sequence
 
 from mlm_jax import choices, errors, runtime
@@ -79,19 +88,69 @@ class Stats:
   Reported by the pipeline in its logs; never used to alter the data stream.
   """
 
-  KEYS = ("empty_docs", "invalid_utf8_lines", "long_docs_split", "long_blocks_split")
+  KEYS = ("empty_docs", "invalid_utf8_lines", "long_docs_split", "long_blocks_split",
+          "long_lines_cut")
+  BENIGN = ("empty_docs", "long_docs_split")  # how normal text looks: never refused
 
-  def __init__(self):
+  def __init__(self, strict: bool = False, max_line_bytes: int = 1 << 16):
+    self.strict = strict
+    self.max_line_bytes = max_line_bytes
     self.empty_files = []
+    self.truncated_files = []
+    self._checked = set()
     self._vars = {k: tf.Variable(0, dtype=tf.int64, trainable=False) for k in self.KEYS}
 
-  def add(self, key, n):
-    return self._vars[key].assign_add(tf.cast(n, tf.int64))
+  def add(self, key, n, where=""):
+    """Counts `n` repairs of kind `key`; with strict, an op that fails when n > 0."""
+    n = tf.cast(n, tf.int64)
+    op = self._vars[key].assign_add(n)
+    if self.strict and key not in self.BENIGN:
+      check = tf.debugging.Assert(tf.equal(n, 0), [
+          f"{_STRICT}: {key.replace('_', ' ')} in", where], summarize=1)
+      return tf.group(op, check)
+    return op
+
+  def check_gzip(self, path) -> None:
+    """Warns once per file (counts; with strict, raises) when a .gz stream ends early."""
+    path = path.numpy().decode() if hasattr(path, "numpy") else path
+    if not path.endswith(".gz") or path in self._checked:
+      return
+    self._checked.add(path)
+    if gzip_complete(path):
+      return
+    if self.strict:
+      raise DataError(f"{path} is truncated (gzip stream ends early); {_STRICT}")
+    logging.warning("%s is truncated (gzip stream ends early): trained on its readable part", path)
+    self.truncated_files.append(path)
 
   def as_dict(self) -> dict:
     d = {k: int(v.numpy()) for k, v in self._vars.items()}
     d["empty_files"] = len(self.empty_files)
+    d["truncated_files"] = len(self.truncated_files)
     return d
+
+
+_STRICT = "data.strict=True refuses repaired or skipped input"
+
+
+def gzip_complete(path: str) -> bool:
+  """Whether the file's last gzip member ends with its end-of-stream marker.
+
+  Decompresses once, 4 MB of output at a time (memory stays bounded for any file): about
+  as fast as reading the file, and done once per file and process.
+  """
+  d = zlib.decompressobj(wbits=31)
+  with tf.io.gfile.GFile(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      while block:
+        if d.eof:  # the next member of a multi-member file
+          d = zlib.decompressobj(wbits=31)
+        try:
+          d.decompress(block, 1 << 22)
+        except zlib.error:
+          return False
+        block = d.unused_data if d.eof else d.unconsumed_tail
+  return d.eof
 
 
 # ------------------------------------------------------------------------------------------
@@ -133,6 +192,8 @@ def check_files(files: Sequence[str], owner: str, stats: Optional[Stats]) -> lis
       reason = e.message if isinstance(e, tf.errors.OpError) else f"{e.__class__.__name__}: {e}"
       raise DataError(f"cannot read {path}{_of(owner)}: {_first_line(reason)}") from None
     if not first:
+      if stats is not None and stats.strict:
+        raise DataError(f"{path}{_of(owner)} is empty; {_STRICT}")
       logging.warning("skipping empty file %s%s", path, _of(owner))
       if stats is not None:
         stats.empty_files.append(path)
@@ -149,28 +210,55 @@ def _first_line(s):
   return str(s).strip().splitlines()[0] if str(s).strip() else ""
 
 
-def _clean_lines(lines, field: int, stats: Optional[Stats]):
+def _clean_lines(lines, field: int, stats: Optional[Stats], path=""):
   """Batch of raw lines -> valid UTF-8 text without BOM / CR (and the TSV field if asked)."""
   fixed = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace",
                                        replacement_char=0xFFFD)
   if stats is not None:
     with tf.control_dependencies([stats.add("invalid_utf8_lines", tf.reduce_sum(
-        tf.cast(tf.not_equal(fixed, lines), tf.int64)))]):
+        tf.cast(tf.not_equal(fixed, lines), tf.int64)), path)]):
       fixed = tf.identity(fixed)
   fixed = tf.strings.regex_replace(fixed, "^\ufeff|\r+$", "")
   if field >= 0:
     cols = tf.strings.split(fixed, sep="\t", maxsplit=field + 1).to_tensor("")
     cols = tf.pad(cols, [[0, 0], [0, field + 1]], constant_values="")
     fixed = cols[:, field]
+  if stats is not None:
+    fixed = _cut_long_lines(fixed, stats, path)
   return fixed
 
 
+def _cut_long_lines(lines, stats: Stats, path):
+  """Lines over `stats.max_line_bytes` -> pieces of at most that many bytes (see module doc)."""
+  limit = stats.max_line_bytes
+  n = tf.strings.length(lines)
+  pieces = tf.maximum((n + limit - 1) // limit, 1)
+
+  def cut():
+    k = tf.ragged.range(pieces).flat_values
+    parts = tf.strings.substr(tf.repeat(lines, pieces), k * limit, tf.fill(tf.shape(k), limit))
+    return tf.strings.unicode_transcode(parts, "UTF-8", "UTF-8", errors="ignore")
+
+  with tf.control_dependencies([stats.add("long_lines_cut", tf.reduce_sum(
+      tf.cast(pieces > 1, tf.int64)), path)]):
+    return tf.cond(tf.reduce_any(pieces > 1), cut, lambda: tf.identity(lines))
+
+
 def _line_batches(field: int, stats: Optional[Stats]):
-  """path -> dataset of cleaned line vectors (work per batch: per-element tf.data costs ~µs)."""
+  """path -> dataset of cleaned line vectors (work per batch: per-element tf.data costs ~µs).
+
+  After the last line of a .gz file, `stats.check_gzip` reads it once more to find a missing
+  end-of-stream marker (truncation), which tf.data's reader does not report.
+  """
   def read(path):
     gz = tf.strings.regex_full_match(path, r".*\.gz")
     ds = tf.data.TextLineDataset(path, compression_type=tf.where(gz, "GZIP", ""))
-    return ds.batch(_READ_BATCH).map(lambda b: _clean_lines(b, field, stats))
+    ds = ds.batch(_READ_BATCH).map(lambda b: _clean_lines(b, field, stats, path))
+    if stats is None:
+      return ds
+    check = tf.data.Dataset.from_tensors(path).map(lambda p: tf.reshape(tf.py_function(
+        lambda q: (stats.check_gzip(q), tf.zeros([0], tf.string))[1], [p], tf.string), [0]))
+    return ds.concatenate(check)
   return read
 
 
@@ -208,7 +296,8 @@ def _group_blank_lines(line_batches, stats: Optional[Stats]):
     done, carry = joined[:-1], joined[-1]
     too_long = tf.strings.length(carry) >= MAX_BLOCK_CHARS
     if stats is not None:
-      with tf.control_dependencies([stats.add("long_blocks_split", tf.cast(too_long, tf.int64))]):
+      with tf.control_dependencies([stats.add("long_blocks_split", tf.cast(too_long, tf.int64),
+                                              "a blank_line block")]):
         too_long = tf.identity(too_long)
     done = tf.concat([done, tf.reshape(carry, [1])[:tf.cast(too_long, tf.int32)]], 0)
     carry = tf.where(too_long, "", carry)

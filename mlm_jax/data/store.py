@@ -1,0 +1,228 @@
+"""Token store: the on-disk format of prepared documents, and its random-access reader.
+
+A store is a directory written once by `tools/prepare_data.py` (mlm_jax/data/prepare.py):
+
+  manifest.json                  format version, tokenizer (files, sha256, special ids), per
+                                 source its units, documents, tokens and shards; written last
+  tokenizer/spm.model            the tokenizer the documents were encoded with (and its
+  tokenizer/spm.special_ids.json   special ids), so training needs no `data.tokenizer`
+  data/<source>/<unit>.train.arrayrecord   training documents of one work unit (input file)
+  data/<source>/<unit>.eval.arrayrecord    its held-out documents (stable hash of the text)
+  data/<source>/<unit>.lens.npy  int32 token counts: train documents, then eval documents
+  data/<source>/<unit>.json      the unit's done marker: counts, repair stats, file sizes, sha256
+
+Shards are ArrayRecord files (the random-access format of TFDS and Grain) with one document
+per record and one record per chunk (`group_size:1`), so reading a document decompresses only
+that document. A record is a fixed little-endian layout built with numpy (no pickle):
+
+  uint32[4] header  (MAGIC, number of tokens n, number of lines m, bytes per token id)
+  ids               n token ids (uint16 when the vocabulary fits, else uint32), no BOS/EOS
+  word starts       ceil(n / 8) bytes of np.packbits flags (1 = the token starts a word)
+  line ends         m uint32 token offsets where each input line (sentence) ends
+
+The `.lens.npy` files let the packing index be built from token counts alone, without reading
+a single record. Riegeli's chunk hashes catch flipped bits on read; the sizes in the manifest
+catch truncated shards on open (a truncated ArrayRecord file otherwise opens as empty).
+"""
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Optional
+
+import numpy as np
+from array_record.python import array_record_module as ar
+
+from mlm_jax.data.sources import DataError
+
+FORMAT_VERSION = 1
+MAGIC = 0x4D4C4D44  # "DMLM"
+WRITER_OPTIONS = "group_size:1"
+SPLITS = ("train", "eval")
+MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_MODEL = "spm.model"
+_HEADER = np.dtype("<u4")
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+  return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def encode_doc(ids: np.ndarray, word_starts: np.ndarray, line_ends: np.ndarray,
+               dtype: np.dtype) -> bytes:
+  """One document -> its record bytes (see the module docstring for the layout)."""
+  header = np.array([MAGIC, len(ids), len(line_ends), dtype.itemsize], _HEADER)
+  return b"".join((header.tobytes(), np.asarray(ids, dtype).tobytes(),
+                   np.packbits(np.asarray(word_starts, np.uint8)).tobytes(),
+                   np.asarray(line_ends, _HEADER).tobytes()))
+
+
+@dataclasses.dataclass
+class Doc:
+  ids: np.ndarray          # int32 [n]
+  word_starts: np.ndarray  # int32 [n]
+  line_ends: np.ndarray    # int64 [m]
+
+
+def decode_doc(record: bytes, where: str) -> Doc:
+  header = np.frombuffer(record, _HEADER, 4)
+  magic, n, m, width = (int(x) for x in header)
+  expected = 16 + n * width + (n + 7) // 8 + 4 * m
+  if magic != MAGIC or width not in (2, 4) or len(record) != expected:
+    raise DataError(f"corrupt record in {where}: bad header {header.tolist()} for "
+                    f"{len(record)} bytes (expected magic {MAGIC:#x})")
+  ids = np.frombuffer(record, np.dtype(f"<u{width}"), n, 16)
+  off = 16 + n * width
+  ws = np.unpackbits(np.frombuffer(record, np.uint8, (n + 7) // 8, off), count=n)
+  ends = np.frombuffer(record, _HEADER, m, off + (n + 7) // 8)
+  return Doc(ids.astype(np.int32), ws.astype(np.int32), ends.astype(np.int64))
+
+
+def sha256_file(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def unit_stem(root: str, source: str, unit: int) -> str:
+  return os.path.join(root, "data", source, f"{unit:06d}")
+
+
+def parse_store_spec(spec: str):
+  """'store:DIR[:SRC,SRC]' -> (DIR, [SRC] or None)."""
+  body = spec[len("store:"):]
+  if not body:
+    raise DataError(f"bad store spec {spec!r}: expected store:DIR[:SOURCE,...]")
+  path, _, names = body.partition(":") if not body.startswith("gs://") else (body, "", "")
+  return path, ([n for n in names.split(",") if n] or None)
+
+
+class Store:
+  """A prepared store, opened read-only: manifest, document lengths, documents by id.
+
+  Documents of a (source, split) are numbered 0..n-1 in unit order, then record order.
+  """
+
+  def __init__(self, root: str):
+    self.root = root
+    path = os.path.join(root, MANIFEST)
+    try:
+      with open(path, "rb") as f:
+        raw = f.read()
+    except OSError as e:
+      raise DataError(f"cannot read token store {root}: no {MANIFEST} ({e.strerror}); "
+                      "run tools/prepare_data.py (or its --finalize step) first") from None
+    try:
+      self.manifest = json.loads(raw)
+    except ValueError:
+      raise DataError(f"corrupt {path}: not JSON") from None
+    version = self.manifest.get("format_version")
+    if version != FORMAT_VERSION:
+      raise DataError(f"{path}: format_version={version!r}, this mlm_jax reads {FORMAT_VERSION}")
+    self.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
+    self.sources = self.manifest["sources"]
+    self._lens = {}
+    self._offsets = {}
+    self._readers = {}
+
+  @property
+  def tokenizer_path(self) -> str:
+    return os.path.join(self.root, TOKENIZER_DIR, TOKENIZER_MODEL)
+
+  def check_tokenizer(self, model_path: str) -> None:
+    """A `data.tokenizer` given beside a store must be the store's own (same sha256)."""
+    want = self.manifest["tokenizer"]["sha256"]
+    try:
+      got = sha256_file(model_path)
+    except OSError as e:
+      raise DataError(f"cannot read data.tokenizer {model_path}: {e.strerror}") from None
+    if got != want:
+      raise DataError(f"data.tokenizer {model_path} (sha256 {got[:16]}) is not the tokenizer of "
+                      f"store {self.root} (sha256 {want[:16]}); leave data.tokenizer empty")
+
+  def source(self, name: str) -> dict:
+    if name not in self.sources:
+      raise DataError(f"store {self.root} has no source {name!r}; it has {sorted(self.sources)}")
+    return self.sources[name]
+
+  def lengths(self, name: str, split: str) -> np.ndarray:
+    """Token counts of every document of (source, split), int32, in document-id order."""
+    key = (name, split)
+    if key not in self._lens:
+      parts = []
+      for unit in self.source(name)["units"]:
+        path = unit_stem(self.root, name, unit["unit"]) + ".lens.npy"
+        try:
+          lens = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:
+          raise DataError(f"cannot read {path}: {e}") from None
+        if len(lens) != unit["train_docs"] + unit["eval_docs"]:
+          raise DataError(f"corrupt {path}: {len(lens)} lengths, manifest says "
+                          f"{unit['train_docs'] + unit['eval_docs']}")
+        parts.append(lens[:unit["train_docs"]] if split == "train" else lens[unit["train_docs"]:])
+      self._lens[key] = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+      counts = [u[f"{split}_docs"] for u in self.source(name)["units"]]
+      self._offsets[key] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return self._lens[key]
+
+  def _reader(self, name: str, split: str, unit_pos: int):
+    key = (name, split, unit_pos)
+    if key not in self._readers:
+      unit = self.source(name)["units"][unit_pos]
+      path = unit_stem(self.root, name, unit["unit"]) + f".{split}.arrayrecord"
+      expected = unit["files"][f"{split}.arrayrecord"]["bytes"]
+      try:
+        size = os.path.getsize(path)
+      except OSError as e:
+        raise DataError(f"cannot read shard {path}: {e.strerror}") from None
+      if size != expected:
+        raise DataError(f"shard {path} is {size} bytes, the manifest says {expected}: "
+                        "truncated or replaced; re-run prepare_data.py for it")
+      try:
+        reader = ar.ArrayRecordReader(path)
+      except Exception as e:  # noqa: BLE001 - riegeli raises RuntimeError/ValueError
+        raise DataError(f"cannot open shard {path}: {_first_line(e)}") from None
+      if reader.num_records() != unit[f"{split}_docs"]:
+        raise DataError(f"shard {path} has {reader.num_records()} records, the manifest says "
+                        f"{unit[f'{split}_docs']}")
+      self._readers[key] = (reader, path)
+    return self._readers[key]
+
+  def read(self, name: str, split: str, doc_ids) -> list:
+    """Documents by id (any order, repeats allowed) -> [Doc], in the order asked."""
+    self.lengths(name, split)
+    offsets = self._offsets[(name, split)]
+    doc_ids = np.asarray(doc_ids, np.int64)
+    units = np.searchsorted(offsets, doc_ids, side="right") - 1
+    out = [None] * len(doc_ids)
+    for u in np.unique(units):
+      where = np.nonzero(units == u)[0]
+      reader, path = self._reader(name, split, int(u))
+      local = (doc_ids[where] - offsets[u]).tolist()
+      try:
+        records = reader.read(local)
+      except Exception as e:  # noqa: BLE001
+        raise DataError(f"cannot read shard {path}: {_first_line(e)}") from None
+      for i, rec in zip(where, records):
+        out[i] = decode_doc(rec, path)
+    return out
+
+  def close(self):
+    for reader, _ in self._readers.values():
+      reader.close()
+    self._readers = {}
+
+
+def _first_line(e) -> str:
+  s = str(e).strip()
+  return s.splitlines()[0] if s else e.__class__.__name__
+
+
+def open_store(root: str, tokenizer: Optional[str] = None) -> Store:
+  store = Store(root)
+  if tokenizer:
+    store.check_tokenizer(tokenizer)
+  return store

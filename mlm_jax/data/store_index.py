@@ -1,0 +1,143 @@
+"""Stateless order of a token store: permutations, packing index, alpha-mixing pattern.
+
+Everything here is a pure function of (store, data config, seed), so global row r of the
+training stream can be located in O(1) for any r, on any host, after any restart:
+
+* packing index, per (source, split, seq_len, packing, seed): documents in a seeded order
+  packed into rows once, in O(documents). Row j is a list of pieces (document, start, length).
+  `segmented`: next-fit of whole documents, each with BOS/EOS, a longer document split into
+  chunks of seq_len-2 tokens (as the streaming pipeline packs); `concat`: the documents'
+  BOS doc EOS stream cut every seq_len tokens (RoBERTa FULL-SENTENCES). Saved as .npy files in
+  a cache directory (stores may be read-only) and memory-mapped.
+* epochs: epoch e of a source with R rows visits its rows in the order of a stateless
+  permutation of [0, R) keyed by (seed, source, e) (`tf.random.experimental.index_shuffle`).
+  The packing is built once and the rows are reshuffled each epoch: every epoch has the same
+  row count, so locating row k needs no earlier epoch (a per-epoch repacking would need every
+  earlier epoch's row count, i.e. O(epochs x documents) work to resume).
+* alpha mixing: a fixed pattern of `MIX_BLOCK` rows holds source i exactly q_i times (largest
+  remainder of MIX_BLOCK * p_i, at least once), evenly interleaved; global row r is row
+  (r // MIX_BLOCK) * q_i + rank of source i's slot (r % MIX_BLOCK) in that source's stream.
+"""
+import hashlib
+import json
+import os
+import tempfile
+
+import numpy as np
+
+INDEX_VERSION = 1
+MIX_BLOCK = 4096
+_ARRAYS = ("piece_doc", "piece_start", "piece_len", "row_ptr", "row_tokens")
+
+
+def permute(index, seed: int, salt: int, epoch: int, size: int) -> np.ndarray:
+  """Stateless permutation of [0, size) evaluated at `index` (int64 array)."""
+  import tensorflow as tf  # the op is stateless and versioned: pinned by a known-answer test
+  index = np.asarray(index, np.int64)
+  if size <= 1 or index.size == 0:
+    return index.copy()
+  key = int.from_bytes(hashlib.sha256(repr((seed, salt, epoch)).encode()).digest()[:8], "little")
+  seeds = np.array([key & 0x7FFFFFFF, key >> 33], np.int64)
+  return tf.random.experimental.index_shuffle(index, seeds, np.int64(size - 1)).numpy()
+
+
+def _next_fit(wrapped: np.ndarray, seq_len: int) -> np.ndarray:
+  """Start indices of the rows of a next-fit packing of items of these lengths (<= seq_len)."""
+  starts, fill = [0], 0
+  for i, n in enumerate(wrapped.tolist()):
+    if fill + n > seq_len:
+      starts.append(i)
+      fill = 0
+    fill += n
+  return np.asarray(starts, np.int64)
+
+
+def _segmented(order, lens, seq_len):
+  body = seq_len - 2
+  ol = lens[order].astype(np.int64)
+  n_chunks = np.maximum((ol + body - 1) // body, 1)
+  doc = np.repeat(order, n_chunks)
+  first = np.repeat(np.cumsum(n_chunks) - n_chunks, n_chunks)
+  k = np.arange(doc.size) - first
+  start = k * body
+  length = np.minimum(np.repeat(ol, n_chunks) - start, body)
+  starts = _next_fit(length + 2, seq_len) if doc.size else np.zeros(0, np.int64)
+  row_ptr = np.append(starts, doc.size)
+  row_tokens = np.add.reduceat(length + 2, starts) if doc.size else np.zeros(0, np.int64)
+  return doc, start, length, row_ptr, row_tokens
+
+
+def _concat(order, lens, seq_len):
+  """Pieces in the wrapped coordinates of a document: 0 = BOS, 1..n = tokens, n+1 = EOS."""
+  wl = lens[order].astype(np.int64) + 2
+  cum = np.concatenate([[0], np.cumsum(wl)])
+  total = int(cum[-1])
+  first_row, last_row = cum[:-1] // seq_len, (cum[1:] - 1) // seq_len
+  n_pieces = last_row - first_row + 1
+  doc_pos = np.repeat(np.arange(order.size), n_pieces)
+  row = np.repeat(first_row, n_pieces) + (np.arange(doc_pos.size) -
+                                          np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces))
+  lo = np.maximum(cum[doc_pos], row * seq_len)
+  hi = np.minimum(cum[doc_pos + 1], (row + 1) * seq_len)
+  n_rows = (total + seq_len - 1) // seq_len
+  row_ptr = np.searchsorted(row, np.arange(n_rows + 1))
+  row_tokens = np.minimum(seq_len, total - np.arange(n_rows) * seq_len)
+  return order[doc_pos], lo - cum[doc_pos], hi - lo, row_ptr, row_tokens
+
+
+def build(lens: np.ndarray, seq_len: int, packing: str, order: np.ndarray) -> dict:
+  fn = _segmented if packing == "segmented" else _concat
+  arrays = fn(np.asarray(order, np.int64), lens, seq_len)
+  dtypes = (np.int64, np.int32, np.int32, np.int64, np.int32)
+  return {k: np.asarray(a, d) for k, a, d in zip(_ARRAYS, arrays, dtypes)}
+
+
+def default_cache_dir() -> str:
+  return os.path.join(tempfile.gettempdir(), "mlm_jax_data_index")
+
+
+def load_or_build(cache_dir: str, key: dict, make) -> dict:
+  """The index for `key` from cache_dir (memory-mapped), building and saving it on a miss.
+
+  Written to a temporary folder and renamed, so concurrent hosts sharing a workdir and
+  interrupted builds never leave a half index; the loser of a race uses the winner's.
+  """
+  name = hashlib.sha256(json.dumps(dict(key, v=INDEX_VERSION), sort_keys=True).encode())
+  folder = os.path.join(cache_dir, name.hexdigest()[:24])
+  if not os.path.exists(os.path.join(folder, "key.json")):
+    os.makedirs(cache_dir, exist_ok=True)
+    arrays = make()
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir)
+    for k, a in arrays.items():
+      np.save(os.path.join(tmp, k + ".npy"), a)
+    with open(os.path.join(tmp, "key.json"), "w", encoding="utf-8") as f:
+      json.dump(key, f, sort_keys=True)
+    try:
+      os.replace(tmp, folder)
+    except OSError:  # another process finished first: same content
+      for k in os.listdir(tmp):
+        os.remove(os.path.join(tmp, k))
+      os.rmdir(tmp)
+  return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in _ARRAYS}
+
+
+def quotas(weights, block: int = MIX_BLOCK) -> np.ndarray:
+  """Largest-remainder counts of `block` rows for these probabilities, each >= 1 if p > 0."""
+  w = np.asarray(weights, np.float64)
+  exact = w * block
+  q = np.floor(exact).astype(np.int64)
+  q[(w > 0) & (q == 0)] = 1
+  rest = block - q.sum()
+  if rest > 0:
+    q[np.argsort(-(exact - np.floor(exact)), kind="stable")[:rest]] += 1
+  while q.sum() > block:  # minimum-one bumps overshot: take from the largest
+    q[np.argmax(q)] -= 1
+  return q
+
+
+def mix_pattern(q: np.ndarray):
+  """(source of each slot, rank of the slot within its source) for one mixing block."""
+  src = np.repeat(np.arange(q.size), q)
+  rank = np.arange(src.size) - np.repeat(np.cumsum(q) - q, q)
+  order = np.lexsort((src, (rank + 0.5) / q[src]))
+  return src[order], rank[order]

@@ -1,0 +1,310 @@
+"""Training and eval batches from token stores, with an O(1) resumable state.
+
+  make_pipeline(data_config, tokenizer, batch_size_local, seed, process_index, process_count,
+                split, cache_dir=None) -> StorePipeline for `store:` sources, else the streaming
+                `pipeline.Pipeline`; both iterate the same batch dicts (see pipeline.py).
+  store_tokenizer_path(data_config) -> the .model inside the store ('' for streaming sources).
+
+Source specs: `store:DIR` (every source of the store, named as in its manifest),
+`store:DIR:en,de` (some of them), `name=store:DIR` (names prefixed `name/`, or just `name` when
+one source is selected). Several entries, even of several stores, are mixed with
+p_i ∝ n_i^alpha (n_i = training tokens of the source, or `data.source_sizes`).
+
+Global row r of the train split is a pure function of (stores, data config, seed, r), see
+store_index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of P reads only
+rows [b*G + p*G/P, b*G + (p+1)*G/P). The state is the number of global rows consumed plus
+fingerprints, so resuming costs the same at any step, on any process count, and under another
+global batch size. The eval split reads each source's held-out documents once, in order.
+"""
+import hashlib
+import json
+import logging
+import os
+from typing import Optional
+
+import numpy as np
+
+from mlm_jax.data import store as store_lib
+from mlm_jax.data import store_index
+from mlm_jax.data.sources import DataError, split_named
+
+FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
+STATE_VERSION = 1
+# Fields of config.data that decide the store stream (the rest only matter to prepare/streaming).
+_KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes")
+
+
+def is_store(data_config) -> bool:
+  specs = [split_named(s)[1] for s in data_config.sources]
+  stores = [s.startswith("store:") for s in specs]
+  if any(stores) and not all(stores):
+    raise DataError(f"data.sources mixes token stores and text sources {list(data_config.sources)}:"
+                    " prepare the text sources into a store too")
+  return bool(stores) and all(stores)
+
+
+def store_tokenizer_path(data_config) -> str:
+  """The tokenizer of the (first) store in data.sources; '' when sources are not stores."""
+  if not data_config.sources or not is_store(data_config):
+    return ""
+  root, _ = store_lib.parse_store_spec(split_named(data_config.sources[0])[1])
+  return store_lib.Store(root).tokenizer_path
+
+
+def make_pipeline(data_config, tokenizer, batch_size_local: int, seed: int,
+                  process_index: int = 0, process_count: int = 1, split: str = "train",
+                  cache_dir: Optional[str] = None):
+  """The iterator the training loop uses, whichever kind of sources the config names."""
+  if is_store(data_config):
+    return StorePipeline(data_config, batch_size_local, seed, process_index, process_count,
+                         split, cache_dir=cache_dir)
+  from mlm_jax.data import pipeline
+  return pipeline.Pipeline(data_config, tokenizer, batch_size_local, seed, process_index,
+                           process_count, split)
+
+
+class _Stream:
+  """One source of one store, in one split: its documents and packing index."""
+
+  def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir):
+    self.label, self.store, self.name, self.split = label, store, name, split
+    self.seed, self.salt = seed, salt
+    lens = store.lengths(name, split)
+    key = dict(store=store.fingerprint, source=name, split=split, seq_len=seq_len,
+               packing=packing, seed=seed if split == "train" else None)
+
+    def make():
+      n = np.arange(lens.size, dtype=np.int64)
+      order = store_index.permute(n, seed, salt, -1, lens.size) if split == "train" else n
+      return store_index.build(lens, seq_len, packing, order)
+
+    self.index = store_index.load_or_build(cache_dir, key, make)
+    self.rows = int(self.index["row_ptr"].shape[0] - 1)
+    self.tokens = int(store.source(name)["tokens" if split == "train" else "eval_tokens"])
+    # BOS/EOS included, as the rows carry them: for stats (exact at every epoch end).
+    self.tokens_per_row = float(self.index["row_tokens"].sum()) / max(self.rows, 1)
+
+  def packed_rows(self, k: np.ndarray) -> np.ndarray:
+    """Source rows k (any epoch) -> packed row ids (stateless per-epoch permutation)."""
+    if self.split == "eval":
+      return k
+    epoch, j = np.divmod(k, self.rows)
+    out = np.empty_like(k)
+    for e in np.unique(epoch):
+      sel = epoch == e
+      out[sel] = store_index.permute(j[sel], self.seed, self.salt, int(e), self.rows)
+    return out
+
+
+class StorePipeline:
+  """Host-local batches of a token store; see the module docstring."""
+
+  def __init__(self, data_config, batch_size: int, seed: int, process_index: int = 0,
+               process_count: int = 1, split: str = "train", cache_dir: Optional[str] = None):
+    c = data_config
+    if split not in ("train", "eval"):
+      raise DataError(f"split={split!r}: expected 'train' or 'eval'")
+    if c.packing not in ("segmented", "concat"):
+      raise DataError(f"data.packing={c.packing!r}: expected 'segmented' or 'concat'")
+    if batch_size < 1 or not 0 <= process_index < process_count:
+      raise DataError(f"batch_size={batch_size}, process {process_index} of {process_count}: "
+                      "need batch_size >= 1 and 0 <= process_index < process_count")
+    if c.seq_len < 4:
+      raise DataError(f"data.seq_len={c.seq_len}: need at least 4 (BOS, 2 tokens, EOS)")
+    if split == "eval" and c.eval_sources:
+      raise DataError("data.eval_sources with a token store: the store holds its eval split; "
+                      "leave data.eval_sources empty")
+    self.config, self.seed, self.split = c, seed, split
+    self.batch_size, self.process_index, self.process_count = batch_size, process_index, process_count
+    self.seq_len, self.packing = c.seq_len, c.packing
+    cache_dir = cache_dir or store_index.default_cache_dir()
+    self.streams = self._open(c, seed, cache_dir)
+    tok = self.streams[0].store.manifest["tokenizer"]
+    self.pad_id, self.bos_id, self.eos_id = tok["pad_id"], tok["bos_id"], tok["eos_id"]
+    if split == "train":
+      self._init_mixing(c)
+    else:
+      self._eval_ends = np.cumsum([s.rows for s in self.streams])
+    self._rows = 0
+    self._tokens = np.zeros(len(self.streams), np.int64)
+    self._source_rows = np.zeros(len(self.streams), np.int64)
+
+  # -- setup -------------------------------------------------------------------------------
+  def _open(self, c, seed, cache_dir):
+    if c.tokenizer:
+      want = {store_lib.Store(store_lib.parse_store_spec(split_named(e)[1])[0]).root
+              for e in c.sources}
+      for root in sorted(want):
+        store_lib.Store(root).check_tokenizer(c.tokenizer)
+    streams, stores, labels = [], {}, set()
+    for entry in c.sources:
+      label, spec = split_named(entry)
+      root, names = store_lib.parse_store_spec(spec)
+      store = stores.get(root) or stores.setdefault(root, store_lib.Store(root))
+      names = names or sorted(store.sources)
+      for name in names:
+        store.source(name)
+        full = (label if len(names) == 1 else f"{label}/{name}") if label else name
+        if full in labels:
+          raise DataError(f"two data.sources entries both give source {full!r}: name them")
+        labels.add(full)
+        streams.append(_Stream(full, store, name, self.split, c.seq_len, c.packing, seed,
+                               len(streams), cache_dir))
+    vocab = {s.store.manifest["tokenizer"]["sha256"] for s in streams}
+    if len(vocab) > 1:
+      raise DataError(f"the stores of data.sources were prepared with {len(vocab)} different "
+                      "tokenizers; prepare them with one")
+    empty = [s.label for s in streams if s.rows == 0]
+    if empty and (self.split == "train" or len(empty) == len(streams)):
+      raise DataError(f"store source(s) {empty} have no {self.split} documents")
+    return streams
+
+  def _init_mixing(self, c):
+    from mlm_jax.data.pipeline import mixing_weights
+    given = dict(split_named(x) for x in c.source_sizes)
+    unknown = set(given) - {s.label for s in self.streams}
+    if unknown:
+      raise DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
+    sizes = [float(given.get(s.label, s.tokens)) for s in self.streams]
+    self.weights = mixing_weights(sizes, c.mix_alpha)
+    self.quotas = store_index.quotas(self.weights)
+    self._slot_source, self._slot_rank = store_index.mix_pattern(self.quotas)
+    if len(self.streams) > 1:
+      logging.info("data: mixing %s", {s.label: round(w, 4)
+                                         for s, w in zip(self.streams, self.weights)})
+
+  # -- row addressing ----------------------------------------------------------------------
+  def _locate(self, rows: np.ndarray):
+    """Global rows -> (stream index, row of that stream's packing index); -1 = padding row."""
+    if self.split == "eval":
+      src = np.searchsorted(self._eval_ends, rows, side="right")
+      valid = src < len(self.streams)
+      starts = np.concatenate([[0], self._eval_ends])
+      packed = np.where(valid, rows - starts[np.minimum(src, len(self.streams) - 1)], -1)
+      return np.where(valid, src, -1), packed
+    block, slot = np.divmod(rows, store_index.MIX_BLOCK)
+    src = self._slot_source[slot]
+    k = block * self.quotas[src] + self._slot_rank[slot]
+    packed = np.empty_like(k)
+    for i in np.unique(src):
+      sel = src == i
+      packed[sel] = self.streams[i].packed_rows(k[sel])
+    return src, packed
+
+  # -- rows -> batch -----------------------------------------------------------------------
+  def _assemble(self, src: np.ndarray, packed: np.ndarray) -> dict:
+    n, s = len(src), self.seq_len
+    out = {k: np.zeros((n, s), np.int32) for k in FEATURES}
+    out["input_ids"][:] = self.pad_id
+    rows = []   # (row, stream, piece range)
+    for i in range(len(self.streams)):
+      sel = np.nonzero(src == i)[0]
+      if sel.size == 0:
+        continue
+      st = self.streams[i]
+      lo, hi = st.index["row_ptr"][packed[sel]], st.index["row_ptr"][packed[sel] + 1]
+      pieces = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])
+      doc_ids = np.unique(st.index["piece_doc"][pieces])
+      docs = dict(zip(doc_ids.tolist(), st.store.read(st.name, st.split, doc_ids)))
+      self._tokens[i] += int(st.index["row_tokens"][packed[sel]].sum())
+      for r, a, b in zip(sel.tolist(), lo.tolist(), hi.tolist()):
+        rows.append((r, st, a, b, docs))
+    fill = self._fill_segmented if self.packing == "segmented" else self._fill_concat
+    for r, st, a, b, docs in rows:
+      fill(out, r, st.index, a, b, docs)
+    return out
+
+  def _fill_segmented(self, out, r, index, a, b, docs):
+    at = 0
+    for seg, p in enumerate(range(a, b), start=1):
+      d = docs[int(index["piece_doc"][p])]
+      start, n = int(index["piece_start"][p]), int(index["piece_len"][p])
+      end = at + n + 2
+      out["input_ids"][r, at] = self.bos_id
+      out["input_ids"][r, at + 1:end - 1] = d.ids[start:start + n]
+      out["input_ids"][r, end - 1] = self.eos_id
+      out["word_starts"][r, at:end] = 1
+      out["word_starts"][r, at + 2:end - 1] = d.word_starts[start + 1:start + n]
+      out["segment_ids"][r, at:end] = seg
+      out["positions"][r, at:end] = np.arange(n + 2)
+      at = end
+
+  def _fill_concat(self, out, r, index, a, b, docs):
+    at = 0
+    for p in range(a, b):
+      d = docs[int(index["piece_doc"][p])]
+      start, n = int(index["piece_start"][p]), int(index["piece_len"][p])
+      ids = np.concatenate([[self.bos_id], d.ids, [self.eos_id]])[start:start + n]
+      ws = np.concatenate([[1], d.word_starts, [1]])[start:start + n]
+      out["input_ids"][r, at:at + n] = ids
+      out["word_starts"][r, at:at + n] = ws
+      at += n
+    out["segment_ids"][r, :at] = 1
+    out["positions"][r, :at] = np.arange(at)
+    out["word_starts"][r, 0] = 1 if at else 0
+
+  # -- the Pipeline interface --------------------------------------------------------------
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self.split == "eval" and self._rows >= int(self._eval_ends[-1]):
+      raise StopIteration
+    first = self._rows + self.process_index * self.batch_size
+    src, packed = self._locate(first + np.arange(self.batch_size, dtype=np.int64))
+    batch = self._assemble(src, packed)
+    self._rows += self.batch_size * self.process_count
+    return batch
+
+  def rewind(self) -> None:
+    self._rows = 0
+    self._tokens[:] = 0
+
+  def _key(self) -> dict:
+    c = self.config
+    key = {f: (list(c[f]) if isinstance(c[f], (tuple, list)) else c[f]) for f in _KEY_FIELDS}
+    key.update(seed=self.seed, split=self.split, mix_block=store_index.MIX_BLOCK,
+               index_version=store_index.INDEX_VERSION)
+    return key
+
+  def get_state(self) -> dict:
+    """{'rows': global rows consumed, 'stores': fingerprints, 'config': the stream's fields}."""
+    key = self._key()
+    return dict(version=STATE_VERSION, kind="store", rows=self._rows,
+                stores={s.label: s.store.fingerprint for s in self.streams}, config=key,
+                fingerprint=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16],
+                tokens_local={s.label: int(t) for s, t in zip(self.streams, self._tokens)})
+
+  def set_state(self, state: dict) -> None:
+    """Continue after `state['rows']` global rows: O(1), any process count or batch size."""
+    if state.get("kind") != "store":
+      raise DataError("cannot resume from a streaming-pipeline data state with a token store "
+                      "(data.sources changed from text to store:)")
+    mine = self.get_state()
+    for label, fp in state["stores"].items():
+      if mine["stores"].get(label) != fp:
+        raise DataError(f"cannot resume: store of source {label!r} differs from the checkpoint "
+                        f"(manifest fingerprint {fp} saved, {mine['stores'].get(label)} now)")
+    for k, v in state["config"].items():
+      if mine["config"].get(k) != v:
+        what = k if k in ("seed", "split", "mix_block", "index_version") else f"data.{k}"
+        raise DataError(f"cannot resume: {what} changed ({v!r} saved, {mine['config'].get(k)!r} "
+                        "now), so the saved position names other rows")
+    self._rows = int(state["rows"])
+    self._tokens[:] = [state.get("tokens_local", {}).get(s.label, 0) for s in self.streams]
+
+  def stats(self) -> dict:
+    """Per source: global rows and epochs consumed, real tokens this process read."""
+    out = {}
+    if self.split == "train":
+      block, part = divmod(self._rows, store_index.MIX_BLOCK)
+      head = np.bincount(self._slot_source[:part], minlength=len(self.streams))
+      rows = block * self.quotas + head
+    else:
+      rows = np.clip(self._rows - np.concatenate([[0], self._eval_ends[:-1]]), 0,
+                     [s.rows for s in self.streams])
+    for i, s in enumerate(self.streams):
+      out[s.label] = dict(rows=int(rows[i]), epochs=float(rows[i]) / s.rows if s.rows else 0.0,
+                          tokens_local=int(self._tokens[i]),
+                          tokens=int(round(rows[i] * s.tokens_per_row)))
+    return dict(rows=self._rows, sources=out)

@@ -1,0 +1,205 @@
+"""Token store: prepare (atomic, resumable, worker-independent) and the O(1)-resumable reader."""
+import collections
+import gzip
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from mlm_jax.data import config as data_config
+from mlm_jax.data import prepare
+from mlm_jax.data import store as store_lib
+from mlm_jax.data import store_index
+from mlm_jax.data import store_pipeline
+from mlm_jax.data import tokenizer
+from mlm_jax.data.sources import DataError
+
+DE = "corpus/de/gutenberg_kalamine/*.txt.gz"                    # 3 books, BOM + CRLF
+EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
+
+
+@pytest.fixture(scope="session")
+def tok(shared_data, tmp_path_factory):
+  root = tmp_path_factory.mktemp("store_tok")
+  return tokenizer.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
+                         str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
+                         input_sentence_size=4000, verbose=False)
+
+
+def _opts(shared_data, tok, **kw):
+  kw.setdefault("sources", (f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"))
+  return prepare.Options(tokenizer=tok.model_path, eval_percent=2.0, **kw)
+
+
+@pytest.fixture(scope="session")
+def store(shared_data, tok, tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("store") / "s")
+  prepare.prepare(_opts(shared_data, tok), root, progress_s=1e9, log=lambda s: None)
+  return root
+
+
+def _cfg(store, tmp_path, **kw):
+  c = data_config.data_defaults()
+  c.sources = (f"store:{store}",)
+  c.seq_len = 32
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def _pipe(c, tmp_path, batch=8, **kw):
+  return store_pipeline.make_pipeline(c, None, batch, seed=kw.pop("seed", 3),
+                                      cache_dir=str(tmp_path / "index"), **kw)
+
+
+def _files(root):
+  out = {}
+  for d, _, names in os.walk(root):
+    for n in names:
+      p = os.path.join(d, n)
+      with open(p, "rb") as f:
+        out[os.path.relpath(p, root)] = (f.read(), os.stat(p).st_mtime_ns)
+  return out
+
+
+def test_permutation_known_answer():
+  """Pins the stateless shuffle: a TensorFlow upgrade must not silently reorder batches."""
+  got = store_index.permute(np.arange(8), seed=0, salt=0, epoch=0, size=1000).tolist()
+  assert got == KNOWN_PERMUTATION
+  assert sorted(store_index.permute(np.arange(50), 1, 2, 3, 50).tolist()) == list(range(50))
+
+
+KNOWN_PERMUTATION = [759, 884, 542, 906, 15, 998, 59, 775]  # TF 2.20 index_shuffle
+
+
+def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path):
+  """One epoch of one source, segmented: exactly the chunks of its documents, each once."""
+  c = _cfg(f"{store}:de", tmp_path)
+  p = _pipe(c, tmp_path, batch=16)
+  rows = p.streams[0].rows
+  batches = [next(p) for _ in range((rows + 15) // 16)]
+  got = []
+  for b, r in [(b, r) for b in batches for r in range(16)][:rows]:
+    ids, seg, pos = b["input_ids"][r], b["segment_ids"][r], b["positions"][r]
+    assert (ids[seg == 0] == tok.pad_id).all() and (pos[seg == 0] == 0).all()
+    for s in range(1, seg.max() + 1):
+      piece = ids[seg == s]
+      assert piece[0] == tok.bos_id and piece[-1] == tok.eos_id
+      assert (pos[seg == s] == np.arange(piece.size)).all()
+      got.append(tuple(piece[1:-1].tolist()))
+  want = []
+  st = store_lib.Store(store)
+  lens = st.lengths("de", "train")
+  for d in st.read("de", "train", np.arange(lens.size)):
+    want += [tuple(d.ids[i:i + 30].tolist()) for i in range(0, d.ids.size, 30)]
+  assert collections.Counter(got) == collections.Counter(want)
+  # and the store holds what sentencepiece makes of the text (first documents of de_alice)
+  with gzip.open(shared_data / "corpus/de/gutenberg_kalamine/de_alice.txt.gz", "rt",
+                 encoding="utf-8-sig") as f:
+    first = [line.strip() for line in f if line.strip()][:5]
+  docs = [d.ids.tolist() for d in st.read("de", "train", np.arange(3))]
+  assert any(tok.encode(line) in docs for line in first)
+
+
+def test_batches_identical_for_1_2_4_processes(store, tmp_path):
+  c = _cfg(store, tmp_path, mix_alpha=0.5, packing="concat")
+  want = None
+  for n in (1, 2, 4):
+    procs = [_pipe(c, tmp_path, batch=8 // n, process_index=i, process_count=n)
+             for i in range(n)]
+    got = [np.concatenate([next(q)["input_ids"] for q in procs]) for _ in range(6)]
+    if want is None:
+      want = got
+    np.testing.assert_array_equal(np.stack(got), np.stack(want))
+  labels = {s.label for s in procs[0].streams}
+  assert labels == {"de", "en"}
+  assert {k for k, v in procs[0].stats()["sources"].items() if v["rows"]} == labels
+
+
+def test_resume_at_any_row_and_batch_size(store, tmp_path):
+  c = _cfg(store, tmp_path, mix_alpha=0.3)
+  run = _pipe(c, tmp_path, batch=8)
+  for _ in range(7):
+    next(run)
+  state = run.get_state()
+  assert state["rows"] == 56 and len(str(state)) < 800
+  nxt = [next(run) for _ in range(2)]
+  again = _pipe(c, tmp_path, batch=8)
+  again.set_state(state)
+  for want in nxt:
+    got = next(again)
+    for k in store_pipeline.FEATURES:
+      np.testing.assert_array_equal(got[k], want[k])
+  half = _pipe(c, tmp_path, batch=4)
+  half.set_state(state)
+  np.testing.assert_array_equal(np.concatenate([next(half)["input_ids"] for _ in range(2)]),
+                                nxt[0]["input_ids"])
+  far = _pipe(c, tmp_path, batch=8)
+  t0 = time.perf_counter()
+  far.set_state(dict(state, rows=10**9))
+  next(far)
+  assert time.perf_counter() - t0 < 2.0
+  assert far.stats()["sources"]["de"]["epochs"] > 1
+
+
+def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
+  state = _pipe(_cfg(store, tmp_path), tmp_path).get_state()
+  with pytest.raises(DataError, match=r"data\.seq_len changed \(32 saved, 64 now\)"):
+    _pipe(_cfg(store, tmp_path, seq_len=64), tmp_path).set_state(state)
+  with pytest.raises(DataError, match="store of source 'de' differs"):
+    _pipe(_cfg(store, tmp_path), tmp_path).set_state(
+        dict(state, stores=dict(state["stores"], de="0" * 16)))
+  other = str(shared_data / "models/sentencepiece/test_model.model")
+  before = _files(store)
+  with pytest.raises(DataError) as e:
+    _pipe(_cfg(store, tmp_path, tokenizer=other), tmp_path)
+  assert "is not the tokenizer of store" in str(e.value) and "\n" not in str(e.value)
+  assert _files(store) == before
+
+
+def test_corrupt_and_truncated_shards(store, tmp_path):
+  for damage in ("flip", "truncate"):
+    bad = str(tmp_path / damage)
+    shutil.copytree(store, bad)
+    shard = os.path.join(bad, "data", "de", "000000.train.arrayrecord")
+    data = bytearray(open(shard, "rb").read())
+    if damage == "flip":
+      for i in range(100, len(data) - 20000, 997):
+        data[i] ^= 0x5A
+    else:
+      data = data[:len(data) // 2]
+    open(shard, "wb").write(bytes(data))
+    p = _pipe(_cfg(f"{bad}:de", tmp_path), tmp_path, batch=64)
+    with pytest.raises(DataError) as e:
+      for _ in range(40):
+        next(p)
+    assert shard in str(e.value) and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------
+# prepare
+# ------------------------------------------------------------------------------------------
+def test_prepare_rerun_resume_and_workers(shared_data, tok, store, tmp_path):
+  before = _files(store)
+  prepare.prepare(_opts(shared_data, tok), store, progress_s=1e9, log=lambda s: None)
+  assert _files(store) == before                     # re-run: nothing rewritten (mtimes too)
+  # killed midway: no manifest, a unit without its done marker, a half-written temporary shard
+  killed = str(tmp_path / "killed")
+  shutil.copytree(store, killed)
+  os.remove(os.path.join(killed, "manifest.json"))
+  os.remove(os.path.join(killed, "data", "de", "000001.json"))
+  os.remove(os.path.join(killed, "data", "de", "000001.train.arrayrecord"))
+  with open(os.path.join(killed, "data", "de", "000001.eval.arrayrecord.tmp-99"), "wb") as f:
+    f.write(b"partial")
+  with pytest.raises(DataError, match="1 units not prepared yet, first de unit 1"):
+    prepare.prepare(_opts(shared_data, tok), killed, finalize_only=True, log=lambda s: None)
+  prepare.prepare(_opts(shared_data, tok), killed, progress_s=1e9, log=lambda s: None)
+  os.remove(os.path.join(killed, "data", "de", "000001.eval.arrayrecord.tmp-99"))
+  assert {k: v[0] for k, v in _files(killed).items()} == {k: v[0] for k, v in before.items()}
+  two = str(tmp_path / "two")
+  prepare.prepare(_opts(shared_data, tok), two, num_workers=2, progress_s=1e9, log=lambda s: None)
+  assert {k: v[0] for k, v in _files(two).items()} == {k: v[0] for k, v in before.items()}
+  with pytest.raises(DataError, match="prepared with other options"):
+    prepare.prepare(_opts(shared_data, tok, doc_format="blank_line"), two, log=lambda s: None)

@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""Prepare a token store once, for long runs: text sources -> tokenized, sharded, resumable.
+
+  python tools/prepare_data.py --sources='en=corpus/en/*.txt.gz' --sources='de=tsv:1:de/*.gz' \\
+      --tokenizer=spm.model --out=/data/store --num_workers=8
+  # on each of N machines (launch/*.sh run a tool on every host), task 0 writes the manifest:
+  python tools/prepare_data.py ... --task_index=$i --num_tasks=$N
+  python tools/prepare_data.py ... --finalize      # only write the manifest (all units done)
+
+Sources take the syntax of `config.data.sources` (name=spec; text globs, tsv:FIELD:GLOB,
+tfds:NAME:SPLIT[:FEATURE], tfrecord:GLOB). Re-running skips finished units; killed and re-run,
+the store is byte-identical. Train from it with `--config.data.sources="('store:/data/store',)"`.
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main(argv=None):
+  from mlm_jax.data import prepare
+  from mlm_jax.data.sources import DataError
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--sources", action="append", required=True, help="name=spec, repeatable")
+  p.add_argument("--tokenizer", required=True, help="sentencepiece .model path")
+  p.add_argument("--out", required=True, help="store directory")
+  p.add_argument("--doc_format", default="line", choices=("line", "blank_line"))
+  p.add_argument("--eval_percent", type=float, default=1.0)
+  p.add_argument("--max_line_bytes", type=int, default=prepare.DEFAULT_MAX_LINE_BYTES)
+  p.add_argument("--strict", action="store_true", help="any repaired/skipped input is an error")
+  p.add_argument("--tfds_data_dir", default="")
+  p.add_argument("--num_workers", type=int, default=1)
+  p.add_argument("--task_index", type=int, default=0)
+  p.add_argument("--num_tasks", type=int, default=1)
+  p.add_argument("--finalize", action="store_true", help="only write the manifest")
+  p.add_argument("--progress_s", type=float, default=10.0)
+  args = p.parse_args(argv)
+  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+  opts = prepare.Options(sources=tuple(args.sources), tokenizer=args.tokenizer,
+                         doc_format=args.doc_format, eval_percent=args.eval_percent,
+                         max_line_bytes=args.max_line_bytes, tfds_data_dir=args.tfds_data_dir,
+                         strict=args.strict)
+  try:
+    manifest = prepare.prepare(opts, args.out, num_workers=args.num_workers,
+                               task_index=args.task_index, num_tasks=args.num_tasks,
+                               finalize_only=args.finalize, progress_s=args.progress_s)
+  except DataError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  if manifest:
+    print(json.dumps({k: {f: v[f] for f in ("documents", "tokens", "eval_documents", "shards")}
+                      for k, v in manifest["sources"].items()}, sort_keys=True))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
