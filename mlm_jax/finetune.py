@@ -168,7 +168,6 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
     logging.info("encoder initialized from %s", config.init_from)
     return state.replace(params=params)
 
-  loop_lib.write_config(config, workdir)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "task.json"), "w", encoding="utf-8") as f:
       json.dump(dict(kind=kind, labels=task.labels, model=mcfg.to_dict(), tokenizer=tok.model_path), f, indent=1)

@@ -53,6 +53,7 @@ class Input(Protocol):
   """What the loop reads: this process's rows of global batch `step`, and a position to save."""
 
   def batch(self, step: int) -> dict: ...
+  # Optionally also `metrics() -> dict`: input figures for the log line (a store's epochs and tokens).
   def get_state(self) -> dict: ...
   def set_state(self, state: dict) -> None: ...
 
@@ -85,7 +86,8 @@ class Loop:
     """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
     t = self.train_config
     checkpointer = ckpt_lib.Checkpointer(self.workdir, keep=t.keep_checkpoints)
-    state = self._start(checkpointer)
+    state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
+    write_config(self.trainer.config, self.workdir)
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = _Preemption(t.sigterm_timeout_s, checkpointer)
@@ -148,7 +150,7 @@ class Loop:
         self.evaluate.after(state, step, ev)
         last.update(ev)
         log.restart()   # evaluation time is not training throughput
-      if step % t.save_every == 0 or final:
+      if step % t.save_every == 0 or step == t.steps or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"
         self._save(checkpointer, state, m, step)
       if watch.preempted:
@@ -188,7 +190,7 @@ class _Interval:
     seconds = max(now - self.t0, 1e-9)
     examples_per_sec = since * t.batch_size / seconds
     tokens_per_sec = examples_per_sec * loop.tokens_per_example
-    line = dict(step=step, **loop.trainer.objective.summarize(host),
+    line = dict(step=step, **loop.trainer.objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
                 learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
                 tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
                 mfu=tokens_per_sec * loop.flops_per_token / peak_flops(loop.trainer.config),

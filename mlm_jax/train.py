@@ -13,6 +13,7 @@ from mlm_jax import runtime
 runtime.configure()   # before jax and tensorflow are imported: platform and log levels
 
 import functools  # noqa: E402
+import os  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
@@ -57,16 +58,22 @@ class _RowSlice:
     self.pipeline.set_state(state)
 
 
-def host_pipeline(config: ml_collections.ConfigDict, tok, split: str):
+def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: str):
   """This process's rows of each global batch.
 
-  per_host='shard' (default): each process reads its own disjoint part of the corpus (scales to any
-  corpus and host count). per_host='slice': each process reads the whole stream and keeps its rows,
+  A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
+  do not depend on the process count; its packing index is cached in WORKDIR/data_index. Streaming
+  text: per_host='shard' (default) has each process read its own disjoint part of the corpus (scales
+  to any corpus and host count); per_host='slice' has each read the whole stream and keep its rows,
   so the global batches are identical for any process count (small corpora, reproducibility tests).
   """
   from mlm_jax.data import pipeline as pipeline_lib
+  from mlm_jax.data import store_pipeline
   n, i = jax.process_count(), jax.process_index()
   local = config.train.batch_size // n
+  if store_pipeline.is_store(config.data):
+    return store_pipeline.make_pipeline(config.data, tok, local, config.seed, i, n, split,
+                                        cache_dir=os.path.join(workdir, "data_index"))
   if config.data.per_host == "slice":
     whole = pipeline_lib.Pipeline(config.data, tok, config.train.batch_size, seed=config.seed, split=split)
     return _RowSlice(whole, i * local, local)
@@ -83,6 +90,11 @@ class PipelineInput:
   def batch(self, step: int) -> dict:
     return next(self.pipeline)
 
+  def metrics(self) -> dict:
+    """A token store's per-source epochs and tokens consumed (global), for the log line."""
+    sources = self.pipeline.stats().get("sources", {}) if hasattr(self.pipeline, "stats") else {}
+    return {f"data/{name}/{k}": float(s[k]) for name, s in sources.items() for k in ("epochs", "tokens")}
+
   def get_state(self) -> dict:
     return self.pipeline.get_state()
 
@@ -98,9 +110,9 @@ class HeldOut:
   evaluation (~1 s of tf.data tracing), then rewound for each one.
   """
 
-  def __init__(self, trainer: step_lib.Trainer, tok):
+  def __init__(self, trainer: step_lib.Trainer, tok, workdir: str):
     self.trainer, self.tok = trainer, tok
-    self.pipeline = functools.cache(lambda: host_pipeline(trainer.config, tok, "eval"))
+    self.pipeline = functools.cache(lambda: host_pipeline(trainer.config, tok, "eval", workdir))
     self.key = jax.random.fold_in(jax.random.key(trainer.config.seed), 2**31 - 1)
 
   def __call__(self, params, step: int) -> dict:
@@ -146,10 +158,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       logging.info("initialized parameters from %s", config.init_from)
     return state
 
-  loop_lib.write_config(config, workdir)
   seq_len = config.data.seq_len
   fpt = flops.flops_per_token(config.model, seq_len, masking.max_predictions(config.masking, seq_len))
-  loop = loop_lib.Loop(trainer, workdir, PipelineInput(host_pipeline(config, tok, "train")), HeldOut(trainer, tok),
+  loop = loop_lib.Loop(trainer, workdir, PipelineInput(host_pipeline(config, tok, "train", workdir)),
+                       HeldOut(trainer, tok, workdir),
                        init_state, tokens_per_example=seq_len, flops_per_token=fpt)
   return loop.run()
 
