@@ -64,9 +64,12 @@ def _substitute_workdir(config: ml_collections.ConfigDict, workdir: str) -> None
 
 
 def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
-  """`data.tokenizer`, or one trained into WORKDIR/tokenizer from the training sources (once)."""
+  """`data.tokenizer`, the one a token store carries, or one trained into WORKDIR/tokenizer (once)."""
   from mlm_jax import runtime
+  from mlm_jax.data import store_pipeline
   from mlm_jax.data import tokenizer as tok_lib
+  if not config.data.tokenizer:
+    config.data.tokenizer = store_pipeline.store_tokenizer_path(config.data)
   path = config.data.tokenizer
   if not path:
     path = os.path.join(workdir, "tokenizer", "spm.model")

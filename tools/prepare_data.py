@@ -14,16 +14,16 @@ the store is byte-identical. Train from it with `--config.data.sources="('store:
 import argparse
 import json
 import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported
 
 
 def main(argv=None):
   from mlm_jax.data import prepare
-  from mlm_jax.data.sources import DataError
+  from mlm_jax.errors import UserError
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sources", action="append", required=True, help="name=spec, repeatable")
   p.add_argument("--tokenizer", required=True, help="sentencepiece .model path")
@@ -38,6 +38,7 @@ def main(argv=None):
   p.add_argument("--num_tasks", type=int, default=1)
   p.add_argument("--finalize", action="store_true", help="only write the manifest")
   p.add_argument("--progress_s", type=float, default=10.0)
+  runtime.add_verbosity_flag(p)
   args = p.parse_args(argv)
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
   opts = prepare.Options(sources=tuple(args.sources), tokenizer=args.tokenizer,
@@ -48,8 +49,8 @@ def main(argv=None):
     manifest = prepare.prepare(opts, args.out, num_workers=args.num_workers,
                                task_index=args.task_index, num_tasks=args.num_tasks,
                                finalize_only=args.finalize, progress_s=args.progress_s)
-  except DataError as e:
-    print(f"error: {e}", file=sys.stderr)
+  except UserError as e:
+    runtime.report_user_error(e)
     return 1
   if manifest:
     print(json.dumps({k: {f: v[f] for f in ("documents", "tokens", "eval_documents", "shards")}

@@ -1,0 +1,54 @@
+"""The training binary on a token store (`store:DIR`): a checkpoint written by 2 processes x 4 devices
+continues on 1 process x 8 devices with the same global batches, hence the same losses (1e-5), and
+the store's tokenizer is used when data.tokenizer is empty."""
+import json
+import shutil
+
+import pytest
+
+from mlm_jax.data import prepare
+from test_multihost import _multi, _single
+from test_train import _losses
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def store_data(corpus_and_tokenizer, tmp_path_factory):
+  corpus, spm = corpus_and_tokenizer
+  root = str(tmp_path_factory.mktemp("train_store") / "store")
+  prepare.prepare(prepare.Options(sources=(f"docs={corpus}",), tokenizer=spm, eval_percent=5.0), root,
+                  progress_s=1e9, log=lambda s: None)
+  return root
+
+
+def _store_args(store):
+  # test_multihost's tiny model and steps, reading the store instead of the text (no data.tokenizer).
+  return (f"--config.data.sources=('store:{store}',)", "--config.data.tokenizer=", "--config.mesh.data=8",
+          f"--config.train.save_every={STEPS // 2}")
+
+
+def test_store_checkpoint_of_two_processes_continues_on_one(tmp_path, corpus_and_tokenizer, store_data):
+  two = tmp_path / "two"
+  procs = _multi(two, corpus_and_tokenizer, *_store_args(store_data), steps=STEPS)
+  for q in procs:
+    _, err = q.communicate(timeout=600)
+    assert q.returncode == 0, err[-3000:]
+  losses = _losses(two)
+  assert sorted(losses) == list(range(1, STEPS + 1))
+  config = json.loads((two / "config.json").read_text())
+  assert config["data"]["tokenizer"].startswith(store_data)   # the store's own tokenizer
+  logged = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
+  assert logged[-1]["data/docs/tokens"] > 0 and "data/docs/epochs" in logged[-1]
+
+  mid = STEPS // 2
+  one = tmp_path / "one"
+  one.mkdir()
+  shutil.copytree(two / "checkpoints" / str(mid), one / "checkpoints" / str(mid))
+  p = _single(one, corpus_and_tokenizer, *_store_args(store_data), "--config.mesh.data=4", "--config.mesh.fsdp=2",
+              steps=STEPS)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"resuming from step {mid}" in p.stderr
+  resumed = _losses(one)
+  for s in range(mid + 1, STEPS + 1):
+    assert abs(resumed[s] - losses[s]) <= 1e-5, (s, resumed[s], losses[s])
