@@ -1,7 +1,10 @@
 """BERT-base (Devlin et al., 2019, "BERT: Pre-training of Deep Bidirectional Transformers", arXiv:1810.04805).
 
-  python -m mlm_jax.train --config=configs/bert_base.py --workdir=gs://BUCKET/bert_base \
-      --config.data.sources="('en=gs://BUCKET/corpus/en/*.txt',)" --config.data.tokenizer=gs://BUCKET/spm_bert.model
+  # once: tokenize the corpus into a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
+  python tools/prepare_data.py --sources='en=/data/corpus/en/*.txt' --tokenizer=spm_bert.model \
+      --out=/data/store/bert_base --num_workers=16 --eval_percent=0.1
+  python -m mlm_jax.train --config=configs/bert_base.py --workdir=gs://BUCKET/bert_base
+  # another store: --config.data.sources="('store:/mnt/other_store',)"; the store carries its tokenizer
 
 Hardware: a TPU v4-32 / v5p-32 or 8-16 GPUs (fp32 params, bf16 compute). Published recipe: 1M steps of
 256 x 512 tokens (the paper trains 90% of steps at 128 and 10% at 512; here all at 512), Adam lr 1e-4,
@@ -21,6 +24,7 @@ def get_config():
                       layer_norm_eps=1e-12, hidden_dropout=0.1, attention_dropout=0.1, dtype="bfloat16"))
   c.tokenizer.layout = "bert"
   c.tokenizer.vocab_size = 30522
+  c.data.sources = ("store:/data/store/bert_base",)   # tools/prepare_data.py output (tokenizer inside)
   c.data.seq_len = 512
   c.data.packing = "segmented"
   c.optimizer.update(dict(learning_rate=1e-4, warmup_steps=10_000, schedule="linear", b1=0.9, b2=0.999,

@@ -1,7 +1,9 @@
 """RoBERTa-base (Liu et al., 2019, "RoBERTa: A Robustly Optimized BERT Pretraining Approach", arXiv:1907.11692).
 
-  python -m mlm_jax.train --config=configs/roberta_base.py --workdir=gs://BUCKET/roberta_base \
-      --config.data.sources="('en=gs://BUCKET/corpus/en/*.txt',)" --config.data.tokenizer=gs://BUCKET/spm.model
+  # once: tokenize the corpus into a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
+  python tools/prepare_data.py --sources='en=/data/corpus/en/*.txt' --tokenizer=spm_bpe50k.model \
+      --out=/data/store/roberta_base --num_workers=16 --eval_percent=0.1
+  python -m mlm_jax.train --config=configs/roberta_base.py --workdir=gs://BUCKET/roberta_base
 
 Hardware: TPU v5p-128 or 64+ GPUs (bf16 compute, fp32 params; fsdp over the slice). Published recipe
 (Table 9): 500k steps of 8k sequences x 512 tokens, FULL-SENTENCES packing (data.packing='concat'),
@@ -19,6 +21,7 @@ def get_config():
   c.model.update(dict(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1, position_offset=2,
                       layer_norm_eps=1e-5, hidden_dropout=0.1, attention_dropout=0.1, dtype="bfloat16"))
   c.tokenizer.update(dict(layout="xlmr", model_type="bpe", vocab_size=50265))
+  c.data.sources = ("store:/data/store/roberta_base",)   # tools/prepare_data.py output (tokenizer inside)
   c.data.seq_len = 512
   c.data.packing = "concat"
   c.optimizer.update(dict(learning_rate=6e-4, warmup_steps=24_000, schedule="linear", b1=0.9, b2=0.98,

@@ -1,10 +1,12 @@
 """XLM-R base and large (Conneau et al., 2020, "Unsupervised Cross-lingual Representation Learning at Scale",
 arXiv:1911.02116). `configs/xlmr_large.py` is this file with size=large (also: --config=configs/xlmr_base.py:large).
 
-  python -m mlm_jax.train --config=configs/xlmr_base.py --workdir=gs://BUCKET/xlmr_base \
-      --config.data.sources="('en=gs://BUCKET/cc100/en/*.txt','sw=gs://BUCKET/cc100/sw/*.txt')" \
-      --config.data.tokenizer=gs://BUCKET/spm250k.model
-  # tokenizer: python tools/train_tokenizer.py --input='corpus/*/*.txt' --vocab_size=250002 --out=spm250k
+  python tools/train_tokenizer.py --input='/data/cc100/*/*.txt' --vocab_size=250002 --out=spm250k
+  # once: one store, one source per language (every host of a slice: launch/tpu_vm.sh --tool=...)
+  python tools/prepare_data.py --sources='en=/data/cc100/en/*.txt' --sources='sw=/data/cc100/sw/*.txt' ... \
+      --tokenizer=spm250k.model --out=/data/store/xlmr --num_workers=16 --eval_percent=0.1
+  python -m mlm_jax.train --config=configs/xlmr_base.py --workdir=gs://BUCKET/xlmr_base
+  # languages are mixed by source name inside the store with data.mix_alpha=0.3
 
 Hardware: base: TPU v5p-256 or 256+ GPUs; large: v5p-512 or 512+ GPUs (bf16 compute, fp32 params, fsdp over
 the slice). Published recipe: base L12 H768 A12, large L24 H1024 A16, vocab 250002 (sentencepiece unigram, <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=250001),
@@ -24,6 +26,7 @@ def get_config(size="base"):
   c.model.update(dict(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1, position_offset=2,
                       layer_norm_eps=1e-5, hidden_dropout=0.1, attention_dropout=0.1, dtype="bfloat16"))
   c.tokenizer.update(dict(layout="xlmr", model_type="unigram", vocab_size=250002, alpha=0.3))
+  c.data.sources = ("store:/data/store/xlmr",)   # tools/prepare_data.py output (tokenizer inside)
   c.data.seq_len = 512
   c.data.packing = "concat"
   c.data.mix_alpha = 0.3

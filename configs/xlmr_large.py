@@ -1,8 +1,7 @@
 """XLM-R large: configs/xlmr_base.py with size=large (see its docstring for the recipe and hardware).
 
-  python -m mlm_jax.train --config=configs/xlmr_large.py --workdir=gs://BUCKET/xlmr_large \\
-      --config.data.sources="('en=gs://BUCKET/cc100/en/*.txt','sw=gs://BUCKET/cc100/sw/*.txt')" \\
-      --config.data.tokenizer=gs://BUCKET/spm250k.model
+  # the store of xlmr_base (its docstring has the prepare command)
+  python -m mlm_jax.train --config=configs/xlmr_large.py --workdir=gs://BUCKET/xlmr_large
 """
 import importlib.util
 import os
