@@ -28,8 +28,10 @@ from mlm_jax.errors import CheckpointError
 
 
 def path_name(path) -> str:
-  """A pytree path as a dotted name (params.layers.0.attn.q_kernel), as the errors name arrays."""
-  return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+  """A pytree path as a dotted name (params.layers.0.attn.q_kernel), as the errors and converters name
+  arrays; nnx's `value` level inside a Variable is left out."""
+  keys = (getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+  return ".".join(str(k) for k in keys if k != "value")
 
 
 def _handlers() -> dict:

@@ -89,7 +89,7 @@ def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], lis
   parts = re.split("|".join(re.escape(s) for s in strings), text)
   if len(parts) == 1:
     raise UserError(f"no mask token in {text!r}: write {' or '.join(repr(s) for s in strings)} where a "
-                     "token should be predicted")
+                    "token should be predicted")
   ids, masks = [tok.bos_id], []
   for i, part in enumerate(parts):
     if i:

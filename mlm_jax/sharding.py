@@ -39,7 +39,7 @@ def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> tuple[i
     sizes[fill[0]] = num_devices // known
   if math.prod(sizes) != num_devices or min(sizes) < 1:
     raise ConfigError(f"config.mesh={dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices, "
-                     f"but {num_devices} are available")
+                      f"but {num_devices} are available")
   return tuple(sizes)
 
 

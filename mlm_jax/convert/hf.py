@@ -14,12 +14,15 @@ import jax
 import numpy as np
 import ml_collections
 
+from mlm_jax.checkpoint import path_name
+from mlm_jax.errors import ConversionError
+
 ARCHS = ("bert", "roberta", "xlm-roberta")
 
 
 def _prefix(arch: str) -> str:
   if arch not in ARCHS:
-    raise ValueError(f"unknown architecture {arch!r}: expected one of {ARCHS}")
+    raise ConversionError(f"unknown architecture {arch!r}: expected one of {ARCHS}")
   return "bert" if arch == "bert" else "roberta"
 
 
@@ -29,10 +32,10 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
   cfg = ml_collections.ConfigDict(base.to_dict())
   act = hf.get("hidden_act", "gelu")
   if act != "gelu":
-    raise ValueError(f"HF hidden_act={act!r}: only exact 'gelu' is supported")
+    raise ConversionError(f"HF hidden_act={act!r}: only exact 'gelu' is supported")
   pet = hf.get("position_embedding_type", "absolute")
   if pet != "absolute":
-    raise ValueError(f"HF position_embedding_type={pet!r}: only 'absolute' is supported")
+    raise ConversionError(f"HF position_embedding_type={pet!r}: only 'absolute' is supported")
   cfg.vocab_size = int(hf["vocab_size"])
   cfg.hidden_size = int(hf["hidden_size"])
   cfg.num_layers = int(hf["num_hidden_layers"])
@@ -52,7 +55,7 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
 def arch_from_hf(hf: Mapping) -> str:
   model_type = hf.get("model_type", "")
   if model_type not in ARCHS:
-    raise ValueError(f"HF model_type={model_type!r}: expected one of {ARCHS}")
+    raise ConversionError(f"HF model_type={model_type!r}: expected one of {ARCHS}")
   return model_type
 
 
@@ -61,13 +64,13 @@ def hf_config(cfg: ml_collections.ConfigDict, arch: str, pad_token_id: int, bos_
   """An HF config.json dict for our `config.model` (post-LN, learned positions, GELU models only)."""
   _prefix(arch)
   if cfg.positions != "learned" or cfg.norm != "post" or cfg.mlp != "gelu":
-    raise ValueError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no "
-                     f"{arch} equivalent in transformers: expected learned / post / gelu")
+    raise ConversionError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no "
+                          f"{arch} equivalent in transformers: expected learned / post / gelu")
   if arch != "bert" and cfg.position_offset != pad_token_id + 1:
-    raise ValueError(f"model.position_offset={cfg.position_offset}: {arch} needs pad_token_id + 1 = "
-                     f"{pad_token_id + 1}")
+    raise ConversionError(f"model.position_offset={cfg.position_offset}: {arch} needs pad_token_id + 1 = "
+                          f"{pad_token_id + 1}")
   if arch == "bert" and cfg.position_offset != 0:
-    raise ValueError(f"model.position_offset={cfg.position_offset}: bert needs 0")
+    raise ConversionError(f"model.position_offset={cfg.position_offset}: bert needs 0")
   out = dict(
       model_type=arch,
       architectures=[{"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM",
@@ -153,30 +156,20 @@ def mapping(cfg: ml_collections.ConfigDict, arch: str) -> list[tuple[str, str, C
   return rows
 
 
-def _path_str(path) -> str:
-  parts = []
-  for k in path:
-    k = getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
-    if k == "value":
-      continue
-    parts.append(str(k))
-  return ".".join(parts)
-
-
 def flatten(params) -> dict[str, np.ndarray]:
   """nnx.State of Params -> {dotted path: numpy array} (gathers sharded arrays to host)."""
-  return {_path_str(path): np.asarray(jax.device_get(x)) for path, x in jax.tree_util.tree_leaves_with_path(params)}
+  return {path_name(path): np.asarray(jax.device_get(x)) for path, x in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def fill(template, flat: Mapping[str, np.ndarray]):
   """A copy of `template` (params or their abstract shapes) with values from `flat`, shapes checked."""
   def one(path, x):
-    name = _path_str(path)
+    name = path_name(path)
     if name not in flat:
-      raise KeyError(f"no value for parameter {name}")
+      raise ConversionError(f"no value for parameter {name}")
     v = np.asarray(flat[name])
     if tuple(v.shape) != tuple(x.shape):
-      raise ValueError(f"parameter {name}: shape {tuple(v.shape)} does not match the model's {tuple(x.shape)}")
+      raise ConversionError(f"parameter {name}: shape {tuple(v.shape)} does not match the model's {tuple(x.shape)}")
     return v.astype(x.dtype)
   return jax.tree_util.tree_map_with_path(one, template)
 
@@ -188,17 +181,17 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], cfg: ml_collections.Con
   Each HF tensor's shape is compared with the one the config implies before it is reshaped, so a
   mismatch names both the HF tensor and our parameter instead of failing inside a reshape.
   """
-  shapes = {_path_str(path): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(template)}
+  shapes = {path_name(path): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(template)}
   flat = {}
   for ours, theirs, to_ours, to_hf in mapping(cfg, arch):
     if theirs not in state_dict:
-      raise KeyError(f"HF checkpoint has no tensor {theirs} (needed for {ours})")
+      raise ConversionError(f"HF checkpoint has no tensor {theirs} (needed for {ours})")
     value = np.asarray(state_dict[theirs])
     if ours in shapes:
       want = tuple(jax.eval_shape(to_hf, jax.ShapeDtypeStruct(shapes[ours], np.float32)).shape)
       if tuple(value.shape) != want:
-        raise ValueError(f"parameter {ours}: shape {tuple(value.shape)} of HF tensor {theirs} does not match "
-                         f"the config's {want}")
+        raise ConversionError(f"parameter {ours}: shape {tuple(value.shape)} of HF tensor {theirs} does not match "
+                              f"the config's {want}")
     flat[ours] = to_ours(value)
   return fill(template, flat)
 

@@ -26,6 +26,7 @@ import shutil
 from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.errors import ConversionError
 
 # Copied next to the HF files; the name is not one that transformers' classes look for.
 SPM_FILE = "spm.model"
@@ -82,16 +83,16 @@ def build(tok: tok_lib.Tokenizer):
   proto = _proto(tok)
   spec, ns = proto.trainer_spec, proto.normalizer_spec
   if spec.treat_whitespace_as_suffix or not ns.escape_whitespaces:
-    raise ValueError(f"{tok.model_path}: sentencepiece models with treat_whitespace_as_suffix or without "
-                     "escaped whitespace are not supported for Hugging Face export")
+    raise ConversionError(f"{tok.model_path}: sentencepiece models with treat_whitespace_as_suffix or without "
+                          "escaped whitespace are not supported for Hugging Face export")
   unk_piece = tok.id_to_piece(tok.unk_id)
   if spec.model_type == sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
     model = _unigram(proto, tok.unk_id, spec.byte_fallback)
   elif spec.model_type == sentencepiece_model_pb2.TrainerSpec.BPE:
     model = _bpe(proto, unk_piece, spec.byte_fallback)
   else:
-    raise ValueError(f"{tok.model_path}: sentencepiece model type {spec.model_type} (word/char) is not "
-                     "supported for Hugging Face export: expected unigram or bpe")
+    raise ConversionError(f"{tok.model_path}: sentencepiece model type {spec.model_type} (word/char) is not "
+                          "supported for Hugging Face export: expected unigram or bpe")
   t = Tokenizer(model)
 
   steps = []

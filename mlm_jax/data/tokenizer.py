@@ -349,7 +349,7 @@ def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character
     msg = _first_line_of(e)
     if "Vocabulary size too high" in msg:
       raise DataError(f"vocab_size={vocab_size} is too large for this training text: "
-                       f"{msg.split(') ', 1)[-1]}") from None
+                      f"{msg.split(') ', 1)[-1]}") from None
     raise
 
 

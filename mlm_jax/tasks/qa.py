@@ -20,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from mlm_jax.data.tokenizer import Tokenizer
+from mlm_jax.errors import ConfigError
 from mlm_jax.tasks import features
 from mlm_jax.tasks.readers import Example
 
@@ -75,8 +76,8 @@ def encode(examples: list[Example], tok: Tokenizer, seq_len: int, type_vocab_siz
     c_ids, c_spans = cache[e.context]
     room = seq_len - len(q) - features.special_count(tok, True)
     if room < 8:
-      raise ValueError(f"data.seq_len={seq_len} leaves {room} tokens for the context after a question of "
-                       f"{len(q)}: raise seq_len or lower task.max_query_length")
+      raise ConfigError(f"data.seq_len={seq_len} leaves {room} tokens for the context after a question of "
+                        f"{len(q)}: raise seq_len or lower task.max_query_length")
     answer = None
     if e.answers:
       a = e.answers[0]
@@ -107,7 +108,7 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, valid: np.ndarra
               max_answer_length: int) -> tuple[int, int, float] | None:
   """(start, end, score) maximizing start[i] + end[j] over valid i <= j < i + max_answer_length; None if none."""
   if max_answer_length < 1:
-    raise ValueError(f"max_answer_length={max_answer_length}: expected >= 1")
+    raise ConfigError(f"max_answer_length={max_answer_length}: expected >= 1")
   idx = np.flatnonzero(valid)
   if idx.size == 0:
     return None
