@@ -30,9 +30,12 @@ def _free_port():
 
 
 def _args(workdir, data, *extra, steps=STEPS):
-  corpus, spm = data
-  return ["--config=configs/demo.py", f"--workdir={workdir}", "--config.demo_corpus=False",
-          f"--config.data.sources=('docs={corpus}',)", f"--config.data.tokenizer={spm}",
+  """`data`: (corpus, sentencepiece model) of the text path, or the directory of a token store."""
+  if isinstance(data, str):
+    source = [f"--config.data.sources=('store:{data}',)"]   # the store carries its tokenizer
+  else:
+    source = [f"--config.data.sources=('docs={data[0]}',)", f"--config.data.tokenizer={data[1]}"]
+  return ["--config=configs/demo.py", f"--workdir={workdir}", "--config.demo_corpus=False", *source,
           "--config.data.seq_len=64", "--config.data.shuffle_buffer=100", "--config.data.per_host=slice",
           "--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.model.num_heads=2",
           "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",

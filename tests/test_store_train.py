@@ -22,15 +22,9 @@ def store_data(corpus_and_tokenizer, tmp_path_factory):
   return root
 
 
-def _store_args(store):
-  # test_multihost's tiny model and steps, reading the store instead of the text (no data.tokenizer).
-  return (f"--config.data.sources=('store:{store}',)", "--config.data.tokenizer=", "--config.mesh.data=8",
-          f"--config.train.save_every={STEPS // 2}")
-
-
-def test_store_checkpoint_of_two_processes_continues_on_one(tmp_path, corpus_and_tokenizer, store_data):
+def test_store_checkpoint_of_two_processes_continues_on_one(tmp_path, store_data):
   two = tmp_path / "two"
-  procs = _multi(two, corpus_and_tokenizer, *_store_args(store_data), steps=STEPS)
+  procs = _multi(two, store_data, "--config.mesh.data=8", f"--config.train.save_every={STEPS // 2}", steps=STEPS)
   for q in procs:
     _, err = q.communicate(timeout=600)
     assert q.returncode == 0, err[-3000:]
@@ -38,14 +32,14 @@ def test_store_checkpoint_of_two_processes_continues_on_one(tmp_path, corpus_and
   assert sorted(losses) == list(range(1, STEPS + 1))
   config = json.loads((two / "config.json").read_text())
   assert config["data"]["tokenizer"].startswith(store_data)   # the store's own tokenizer
-  logged = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
-  assert logged[-1]["data/docs/tokens"] > 0 and "data/docs/epochs" in logged[-1]
+  last = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines() if '"loss"' in l][-1]
+  assert last["data/docs/tokens"] > 0 and 0 < last["data/docs/epochs"] < 1, last
 
   mid = STEPS // 2
   one = tmp_path / "one"
   one.mkdir()
   shutil.copytree(two / "checkpoints" / str(mid), one / "checkpoints" / str(mid))
-  p = _single(one, corpus_and_tokenizer, *_store_args(store_data), "--config.mesh.data=4", "--config.mesh.fsdp=2",
+  p = _single(one, store_data, "--config.mesh.data=4", "--config.mesh.fsdp=2", f"--config.train.save_every={STEPS // 2}",
               steps=STEPS)
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming from step {mid}" in p.stderr
