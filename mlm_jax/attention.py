@@ -33,10 +33,23 @@ import ml_collections
 IMPLS = ("auto", "xla", "splash", "cudnn")
 REMATS = ("none", "full", "dots")
 SPLASH_BLOCKS = (512, 256, 128)   # the largest that divides the sequence is used
+# Fields added with these options; config.json files of older runs lack them and mean these values.
+NEW_FIELDS = dict(attention_impl="auto", global_attention_every=0, local_window=128, rope_theta_local=10000.0,
+                  scan_layers=False)
+
+
+def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`cfg` itself when it has every field of NEW_FIELDS, else a copy with the missing ones filled."""
+  missing = {k: v for k, v in NEW_FIELDS.items() if k not in cfg}
+  if not missing:
+    return cfg
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.update(missing)
+  return out
 
 
 def is_global(cfg: ml_collections.ConfigDict, layer: int) -> bool:
-  every = int(cfg.global_attention_every)
+  every = int(cfg.get("global_attention_every", 0))
   return every <= 1 or layer % every == 0
 
 
@@ -47,11 +60,12 @@ def layer_window(cfg: ml_collections.ConfigDict, layer: int) -> int:
 
 def group_size(cfg: ml_collections.ConfigDict) -> int:
   """Layers in one scanned step: one global layer and the local layers up to the next global one."""
-  return max(1, int(cfg.global_attention_every))
+  return max(1, int(cfg.get("global_attention_every", 0)))
 
 
 def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   """One-line errors, naming the field, for the attention / scan fields of `config.model`."""
+  cfg = with_defaults(cfg)
   if (cfg.attention_impl or "auto") not in IMPLS:
     raise ValueError(f"model.attention_impl={cfg.attention_impl!r}: expected one of {IMPLS}")
   if int(cfg.global_attention_every) < 0:
@@ -100,6 +114,7 @@ def resolve_impl(cfg: ml_collections.ConfigDict, platform: str, seq_len: int,
   An explicit splash / cudnn that cannot serve the config raises a one-line ValueError; `auto`
   falls back to xla and says why, for the log.
   """
+  cfg = with_defaults(cfg)
   validate_model_config(cfg)
   requested = cfg.attention_impl or "auto"
   problem = {"splash": lambda: _splash_problem(cfg, platform, seq_len),

@@ -230,6 +230,7 @@ class Encoder(nnx.Module):
       raise ValueError(f"model.norm={cfg.norm!r}: expected 'post' or 'pre'")
     if cfg.mlp not in ("gelu", "geglu"):
       raise ValueError(f"model.mlp={cfg.mlp!r}: expected 'gelu' or 'geglu'")
+    cfg = attention.with_defaults(cfg)
     attention.validate_model_config(cfg)
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)

@@ -148,6 +148,8 @@ def test_resolve_impl():
     attention.resolve_impl(_cfg(attention_impl="cudnn", dtype="bfloat16"), "gpu", 512, packed_documents=False)
   with pytest.raises(ValueError, match="model.attention_impl"):
     attention.validate_model_config(_cfg(attention_impl="flash"))
+  with pytest.raises(ValueError, match="model.attention_impl=splash has no attention dropout"):
+    attention.make_context(_cfg(attention_impl="splash", attention_dropout=0.1), _segments()[0], training=True)
   with pytest.raises(ValueError, match="model.local_window"):
     attention.validate_model_config(_cfg(local_window=7))
 
@@ -157,3 +159,12 @@ def test_flops_count_windowed_attention():
   local = flops.flops_per_token(_cfg(), 8192, 8192)
   # Layers 0 and 2 are global; layer 1 attends to 33 keys instead of 8192.
   assert full - local == pytest.approx(12 * 32 * (8192 - 33))
+
+
+def test_configs_of_older_runs_without_the_new_fields_still_build():
+  """config.json files written before these options lack their fields: they mean all-global, unscanned."""
+  import ml_collections
+  from mlm_jax import step
+  old = ml_collections.ConfigDict({k: v for k, v in _cfg().to_dict().items() if k not in attention.NEW_FIELDS})
+  _, params = step.abstract_model(old)
+  assert "layers" in params and flops.attended_keys(old, 128) == 3 * 128

@@ -111,7 +111,7 @@ def train_main(argv):
       attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, scan_layers=args.scan_layers,
       remat=args.remat,
       tokens_per_sec=tokens_per_sec, steps_per_sec=args.steps / total,
-      step_time_median_s=statistics.median(times), compile_s=compile_s,
+      step_time_median_s=statistics.median(times), step_time_min_s=min(times), compile_s=compile_s,
       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
