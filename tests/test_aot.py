@@ -57,7 +57,7 @@ def test_tiny_model_fits_on_v5p_with_data_fsdp_and_tensor_axes(fit_report):
   r = fit_report
   assert r["device_kind"] == "TPU v5" and r["devices"] == 8
   assert r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
-  assert r["batch_per_device"] == 16 and r["prediction_slots"] == 24
+  assert r["batch_per_device"] == 16 and r["prediction_slots"] == 20   # exact on TPU (masking.SLOT_MULTIPLE)
   assert r["attention_impl"] == "xla" and r["scan_layers"] is False and r["compile_s"] > 0
   assert r["fits"] and 0 < r["total_bytes"] < r["hbm_bytes"] == 95 * aot.GIB
   assert r["total_bytes"] == (r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
@@ -74,7 +74,7 @@ def test_xla_flops_match_flops_py_within_15_percent(fit_report):
   XLA: `compiled.cost_analysis()["flops"]` of the SPMD-partitioned program, which is per device.
   flops.py: flops_per_token(model, seq_len, prediction slots) * batch * seq_len is the global count
   for the step; divided by the 8 devices. flops.py counts matmuls only (6 per parameter per token,
-  attention scores, the MLM head on the 24 gathered slots); XLA's total also has masking, softmax,
+  attention scores, the MLM head on the 20 gathered slots); XLA's total also has masking, softmax,
   LayerNorm, GELU, dropout hashing, AdamW and work replicated over the tensor axis, a few percent
   here, so XLA's number is expected at or a little above flops.py's.
   """
