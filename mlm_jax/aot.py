@@ -10,7 +10,9 @@ The compiled program answers two planning questions per device:
   memory  arguments (params + optimizer state + batch), outputs (aliased to the donated state),
           temporaries (activations, gradients) and code, against the chip's HBM;
   speed   XLA's FLOPs and its cost model's `optimal_seconds` for one step, beside flops.py's model
-          FLOPs, and the MFU that time would imply (an upper bound: real steps are slower).
+          FLOPs, and the MFU that time would imply (an upper bound: real steps are slower). Pallas
+          kernels (splash attention) carry no cost estimate, so for splash rows XLA's FLOPs miss
+          the attention and no optimal time or MFU bound is quoted: their evidence is memory and fit.
 
 XLA's cost analysis of an SPMD program is per device, so everything here is per device; model
 FLOPs are the global count divided by the number of devices. A "device" is a chip except on v4,
@@ -146,12 +148,13 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
   if int(config.optimizer.grad_accum_steps) > 1:
     notes.append("optimizer.grad_accum_steps > 1: XLA's cost analysis does not count every iteration of "
                  "the microbatch loop, so its FLOPs, optimal time and the MFU bound are too low")
-  slots = masking.max_predictions(config.masking, s)
+  slots = masking.max_predictions(config.masking, s, "tpu")
   model_flops = flops.flops_per_token(config.model, s, slots) * b * s
   report = dict(
       topology=topology, device_kind=kind, devices=n, devices_per_chip=per_chip,
       mesh=dict(mesh.shape), batch_size=b, seq_len=s, batch_per_device=b // shards, prediction_slots=slots,
       remat=config.model.remat, grad_accum_steps=int(config.optimizer.grad_accum_steps),
+      attention_impl=config.model.attention_impl, scan_layers=bool(config.model.scan_layers),
       hbm_bytes=hbm, peak_flops=peak,
       model_flops_per_device=model_flops / n, notes=notes)
 
@@ -188,6 +191,13 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
   seconds = float(cost.get("optimal_seconds", 0.0))
   if seconds <= 0:   # seen on 12-layer programs: XLA's cost model gives a negative time, i.e. none
     notes.append(f"XLA's cost model gave no step time (optimal_seconds={seconds:.4g}); no MFU bound")
+    seconds = 0.0
+  if config.model.attention_impl != "xla":
+    notes.append(f"{config.model.attention_impl} kernels have no XLA cost estimate: no optimal time or MFU bound")
+    seconds = 0.0
+  if config.model.scan_layers:
+    notes.append("scan_layers: XLA's cost analysis counts the scanned loop body once, so its FLOPs and optimal "
+                 "time are too low; no MFU bound")
     seconds = 0.0
   report.update(
       argument_bytes=args, output_bytes=outs, alias_bytes=alias, temp_bytes=temps, code_bytes=code,
@@ -247,7 +257,8 @@ def format_text(report: dict, config_name: str = "") -> str:
            f" ({report['devices_per_chip']} device(s) per chip), mesh {mesh}",
            f"  batch {report['batch_size']} x {report['seq_len']} ({report['batch_per_device']} per device), "
            f"{report['prediction_slots']} prediction slots, remat={report['remat']}, "
-           f"grad_accum_steps={report['grad_accum_steps']}, compiled in {report['compile_s']:.0f} s"]
+           f"grad_accum_steps={report['grad_accum_steps']}, attention={report.get('attention_impl', 'xla')}, "
+           f"scan_layers={report.get('scan_layers', False)}, compiled in {report['compile_s']:.0f} s"]
   lines += [f"  note: {n}" for n in report["notes"]]
   if "argument_bytes" in report:
     lines += ["  per device:",
@@ -272,8 +283,8 @@ def format_text(report: dict, config_name: str = "") -> str:
 
 
 TABLE_HEADER = ("| config | topology | mesh d/f/t | batch/chip | params+opt GiB | temps GiB | total / HBM GiB "
-                "| fits | XLA TFLOP | flops.py TFLOP | optimal ms | MFU bound |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|")
+                "| fits | XLA TFLOP | flops.py TFLOP | optimal ms | MFU bound | attention | scan | compile s |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table_row(report: dict) -> str:
@@ -286,10 +297,12 @@ def table_row(report: dict) -> str:
   cells = [report.get("config", ""), f"`{report['topology']}`", mesh, str(report["batch_per_device"]),
            g(report["state_bytes"]), temps, f"{total} / {g(report['hbm_bytes'])}",
            "yes" if report["fits"] else "**no**",
-           f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled else "",
+           f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled and not report.get("scan_layers") else "",
            f"{report['model_flops_per_device'] / 1e12:.2f}",
            f"{1e3 * report['optimal_seconds']:.0f}" if compiled and report["optimal_seconds"] > 0 else "",
-           f"{100 * report['mfu_bound']:.0f}%" if compiled and report.get("mfu_bound") else ""]
+           f"{100 * report['mfu_bound']:.0f}%" if compiled and report.get("mfu_bound") else "",
+           report.get("attention_impl", "xla"), "on" if report.get("scan_layers") else "off",
+           f"{report['compile_s']:.0f}"]
   return "| " + " | ".join(cells) + " |"
 
 

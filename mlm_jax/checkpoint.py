@@ -124,9 +124,14 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     raise CheckpointError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
   with open(path, encoding="utf-8") as f:
     try:
-      return ml_collections.ConfigDict(json.load(f))
+      config = ml_collections.ConfigDict(json.load(f))
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+  if "model" in config and config.model.get("attention_impl") in ("splash", "cudnn"):
+    # Resolved for the accelerator that trained it; a model built from it here (inference, conversion,
+    # fine-tuning) picks the implementation of this host's platform again.
+    config.model.attention_impl = "auto"
+  return config
 
 
 def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:

@@ -15,6 +15,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots"),
+    "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
     "masking.mode": ("token", "whole_word", "span"),
     "optimizer.schedule": ("linear", "cosine", "constant"),
     "train.nonfinite": ("skip", "stop"),

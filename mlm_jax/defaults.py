@@ -66,7 +66,13 @@ def default_config() -> ml_collections.ConfigDict:
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
   m.param_dtype = "float32"
-  m.attention_impl = ""          # '' = per backend (cudnn on GPU, xla elsewhere)
+  # auto (or '') = per the mesh's platform: splash on TPU, cudnn on GPU for padding-only batches,
+  # else xla; attention dropout > 0 always takes xla (mlm_jax/attention.py: resolve_impl).
+  m.attention_impl = "auto"      # auto | xla | splash | cudnn
+  m.global_attention_every = 0   # 0 = every layer global; N = layer i global when i % N == 0, else local
+  m.local_window = 128           # local layers: token i sees j when |i - j| <= local_window / 2 (HF ModernBERT)
+  m.rope_theta_local = 10000.0   # rotary theta of the local layers
+  m.scan_layers = False          # stack the layers (groups of global_attention_every) and lax.scan them
   m.remat = "none"               # none | full | dots
 
   # ---- masking (mlm_jax/masking.py) ----

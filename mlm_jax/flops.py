@@ -20,10 +20,21 @@ def layer_params(cfg: ml_collections.ConfigDict) -> int:
   return cfg.num_layers * (4 * h * h + mlp)
 
 
+def attended_keys(cfg: ml_collections.ConfigDict, seq_len: int) -> int:
+  """Keys a query attends to, summed over the layers: a local layer sees local_window + 1 of them.
+
+  Counted for what the model needs, not what a kernel computes: the xla path scores all S keys of
+  a local layer and masks them, so its MFU on long sequences is lower than its TFLOP/s suggest.
+  """
+  from mlm_jax import attention
+  return sum(min(seq_len, attention.layer_window(cfg, i) + 1) if attention.layer_window(cfg, i) else seq_len
+             for i in range(cfg.num_layers))
+
+
 def flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, num_slots: int | None = None) -> float:
   """Training FLOPs per input token; the head (H*H + H*V matmuls) counted on `num_slots` of `seq_len`."""
   h, v = cfg.hidden_size, cfg.vocab_size
-  attention = 12 * cfg.num_layers * h * seq_len          # QK^T and PV, forward + backward
+  attention = 12 * h * attended_keys(cfg, seq_len)       # QK^T and PV, forward + backward
   head_fraction = 1.0 if num_slots is None else num_slots / seq_len
   head = 6 * (h * h + h * v) * head_fraction
   return 6 * layer_params(cfg) + attention + head

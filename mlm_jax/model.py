@@ -3,7 +3,8 @@
 Defaults reproduce the published models exactly (post-LayerNorm, learned absolute positions,
 exact erf GELU, tied MLM decoder with its own bias), so that weights converted from Hugging Face
 give the same hidden states and logits (tests/test_model_hf_parity.py). Modern options (pre-LN,
-rotary positions, GeGLU) are switches in `config.model`.
+rotary positions, GeGLU, alternating local/global attention, scanned layers) are switches in
+`config.model`; the attention kernels (xla, splash, cudnn) live in mlm_jax/attention.py.
 
 Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `norm`,
 `positions`); `config.sharding.rules` maps them to mesh axes (mlm_jax/sharding.py).
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
-from mlm_jax import choices
+from mlm_jax import attention, choices
 from mlm_jax.errors import ConfigError
 
 
@@ -107,15 +108,10 @@ def rotary(x, positions, theta: float):
   return out.astype(x.dtype)
 
 
-def attention_mask(segment_ids):
-  """[B, 1, S, S] boolean: a token sees the tokens of its own document, padding (0) sees nothing."""
-  same = segment_ids[:, :, None] == segment_ids[:, None, :]
-  return (same & (segment_ids[:, None, :] > 0))[:, None]
-
-
 class Attention(nnx.Module):
+  """Self-attention over a `window` (0 = global; else |i - j| <= window / 2, with rope_theta_local)."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype, window: int = 0):
     h, n = cfg.hidden_size, cfg.num_heads
     d = h // n
     std = cfg.initializer_range
@@ -129,11 +125,11 @@ class Attention(nnx.Module):
     self.o_kernel = _param(ko, (n, d, h), ("heads", "kv", "embed"), "normal", std, param_dtype)
     self.o_bias = _param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
     self.rotary = cfg.positions == "rotary"
-    self.rope_theta = cfg.rope_theta
+    self.window = window
+    self.rope_theta = cfg.rope_theta_local if window else cfg.rope_theta
     self.dropout_rate = cfg.attention_dropout
-    self.implementation = cfg.attention_impl or None
 
-  def __call__(self, x, mask, positions, dtype, key):
+  def __call__(self, x, ctx: attention.Context, positions, dtype, key):
     def proj(kernel, bias):
       return jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)) + bias[...].astype(dtype)
 
@@ -141,13 +137,13 @@ class Attention(nnx.Module):
     if self.rotary:
       q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
     if key is None or self.dropout_rate <= 0.0:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.implementation)
+      out = attention.fused(q, k, v, ctx, self.window)
     else:
       # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
       # with it, so the training path spells attention out. (Projecting straight to a heads-major
       # [B, N, S, D] layout was ~3% faster on CPU but ~3.5% slower in XLA's TPU cost model.)
       logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      logits = jnp.where(ctx.masks[self.window], logits, jnp.finfo(jnp.float32).min)
       probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
       out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
     return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
@@ -177,24 +173,42 @@ class MLP(nnx.Module):
 class Layer(nnx.Module):
   """One Transformer block; `norm='post'` is BERT's x = LN(x + f(x)), `pre` is x = x + f(LN(x))."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype, window: int = 0):
     ka, km = jax.random.split(key)
-    self.attention = Attention(cfg, ka, param_dtype)
+    self.attention = Attention(cfg, ka, param_dtype, window)
     self.attention_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype)
     self.mlp = MLP(cfg, km, param_dtype)
     self.mlp_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype)
     self.pre_norm = cfg.norm == "pre"
     self.dropout_rate = cfg.hidden_dropout
 
-  def __call__(self, x, mask, positions, dtype, key):
+  def __call__(self, x, ctx, positions, dtype, key):
     keys = [None] * 4 if key is None else list(jax.random.split(key, 4))
     if self.pre_norm:
-      x = x + dropout(self.attention(self.attention_norm(x), mask, positions, dtype, keys[0]),
+      x = x + dropout(self.attention(self.attention_norm(x), ctx, positions, dtype, keys[0]),
                       self.dropout_rate, keys[1])
       return x + dropout(self.mlp(self.mlp_norm(x), dtype), self.dropout_rate, keys[2])
     x = self.attention_norm(
-        x + dropout(self.attention(x, mask, positions, dtype, keys[0]), self.dropout_rate, keys[1]))
+        x + dropout(self.attention(x, ctx, positions, dtype, keys[0]), self.dropout_rate, keys[1]))
     return self.mlp_norm(x + dropout(self.mlp(x, dtype), self.dropout_rate, keys[2]))
+
+
+class LayerGroup(nnx.Module):
+  """`attention.group_size(cfg)` consecutive layers (a global one, then local ones): one scan step."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, keys, param_dtype):
+    self.layers = nnx.List([Layer(cfg, keys[j], param_dtype, attention.layer_window(cfg, j))
+                            for j in range(attention.group_size(cfg))])
+
+  def __call__(self, x, ctx, positions, dtype, keys, pin):
+    for j, layer in enumerate(self.layers):
+      x = pin(layer(x, ctx, positions, dtype, None if keys is None else keys[j]))
+    return x
+
+
+def _remat_policy(remat: str):
+  return (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims if remat == "dots"
+          else jax.checkpoint_policies.nothing_saveable)
 
 
 class Encoder(nnx.Module):
@@ -202,6 +216,10 @@ class Encoder(nnx.Module):
 
   `__call__` returns hidden states; the MLM head is applied separately (`mlm_logits`) so the
   training step can run it on the gathered prediction slots only.
+
+  With `scan_layers`, the layers are stacked in groups of `attention.group_size(cfg)` (a leading
+  `layers` axis, `layer_groups`) run by one lax.scan, and the num_layers % group_size last layers
+  are unrolled (`tail_layers`); mlm_jax/scan_layout.py converts between the two layouts.
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0):
@@ -209,6 +227,8 @@ class Encoder(nnx.Module):
       raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
     for field in ("positions", "norm", "mlp"):
       choices.check(f"model.{field}", cfg[field])
+    cfg = attention.with_defaults(cfg)
+    attention.validate_model_config(cfg)
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)
     h, std = cfg.hidden_size, cfg.initializer_range
@@ -221,7 +241,16 @@ class Encoder(nnx.Module):
       self.token_type_embeddings = _param(keys[2], (cfg.type_vocab_size, h), (None, "embed"), "normal", std, pdt)
     # Post-LN models normalize the embedding sum; pre-LN models normalize after the last layer.
     self.embeddings_norm = LayerNorm(h, cfg.layer_norm_eps, pdt)
-    self.layers = nnx.List([Layer(cfg, keys[6 + i], pdt) for i in range(cfg.num_layers)])
+    if cfg.scan_layers:
+      g = attention.group_size(cfg)
+      n = cfg.num_layers // g
+      make = nnx.vmap(lambda k: LayerGroup(cfg, k, pdt), transform_metadata={nnx.PARTITION_NAME: "layers"})
+      self.layer_groups = make(keys[6:6 + n * g].reshape(n, g)) if n else None
+      self.tail_layers = nnx.List([Layer(cfg, keys[6 + i], pdt, attention.layer_window(cfg, i))
+                                   for i in range(n * g, cfg.num_layers)])
+    else:
+      self.layers = nnx.List([Layer(cfg, keys[6 + i], pdt, attention.layer_window(cfg, i))
+                              for i in range(cfg.num_layers)])
     self.head_kernel = _param(keys[3], (h, h), ("embed", None), "normal", std, pdt)
     self.head_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
     self.head_norm = LayerNorm(h, cfg.layer_norm_eps, pdt)
@@ -255,17 +284,36 @@ class Encoder(nnx.Module):
     if cfg.norm == "post":
       x = self.embeddings_norm(x)
     x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
-    mask = attention_mask(segment_ids)
+    mesh = None if activation_sharding is None else activation_sharding.mesh
+    ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None)
     layer_fn = Layer.__call__
-    if cfg.remat == "full":
-      layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,))
-    elif cfg.remat == "dots":
-      layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,),
-                           policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
-    for layer, key in zip(self.layers, keys[1:]):
-      x = pin(layer_fn(layer, x, mask, positions, dtype, key))
+    if cfg.remat != "none":
+      layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))
+    if cfg.scan_layers:
+      x = self._scan(x, ctx, positions, keys[1:], pin)
+    layers = self.tail_layers if cfg.scan_layers else self.layers
+    for layer, key in zip(layers, keys[len(keys) - len(layers):]):
+      x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
     if cfg.norm == "pre":
       x = self.embeddings_norm(x)
+    return x
+
+  def _scan(self, x, ctx, positions, keys, pin):
+    """The stacked groups in one lax.scan (remat'ed per group); keys are the layers' dropout keys."""
+    if self.layer_groups is None:
+      return x
+    graphdef, params = nnx.split(self.layer_groups)
+    n, g = jax.tree.leaves(params)[0].shape[0], attention.group_size(self.cfg)
+    dtype = self.dtype
+
+    def body(x, xs):
+      p, k = xs
+      return nnx.merge(graphdef, p)(x, ctx, positions, dtype, k, pin), None
+
+    if self.cfg.remat != "none":
+      body = jax.checkpoint(body, policy=_remat_policy(self.cfg.remat), prevent_cse=False)
+    group_keys = None if keys[0] is None else jnp.stack(keys[:n * g]).reshape(n, g)
+    x, _ = jax.lax.scan(body, x, (params, group_keys))
     return x
 
   def mlm_transform(self, hidden):

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from mlm_jax import choices, masking, sharding
+from mlm_jax import attention, choices, masking, sharding
 from mlm_jax.errors import ConfigError
 
 
@@ -50,6 +50,20 @@ def check(config: ml_collections.ConfigDict) -> None:
     where = "data.seq_len" if "data" in config else "seq_len"
     raise ConfigError(f"{where}={seq_len}: the model has positions for {limit} tokens "
                       f"(model.max_position_embeddings={m.max_position_embeddings})")
+
+
+def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
+  """What depends on the platform the step runs on ('cpu', 'gpu', 'tpu': the mesh's, which for the
+  AOT tool is not the host's): the attention implementation (`auto` -> splash / cudnn / xla) and the
+  number of prediction slots, written into the config so the jitted step uses them as they are.
+  Returns why that implementation (also logged)."""
+  seq_len = config.data.seq_len if "data" in config else config.seq_len
+  packed = "data" in config and config.data.packing == "segmented"   # rows that hold several documents
+  config.model.attention_impl, why = attention.resolve_impl(config.model, platform, seq_len, packed_documents=packed)
+  logging.info("attention: %s", why)
+  if "masking" in config:
+    config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
+  return why
 
 
 # ------------------------------------------------------------------------------------------
@@ -108,12 +122,13 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str):
     sharding.sync_processes("demo_corpus")
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
+  bind_platform(config, jax.default_backend())
   check(config)
   return freeze(config), tok
 
 
-def resolve_for_compile(config: ml_collections.ConfigDict):
-  """(frozen config, notes) for compiling the step without a tokenizer (the AOT tool).
+def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"):
+  """(frozen config, notes) for compiling the step for `platform` without a tokenizer (the AOT tool).
 
   The ids only pick which tokens masking may touch, so they change neither the memory nor the
   FLOPs of the step; the vocabulary size does, and must be given.
@@ -128,6 +143,8 @@ def resolve_for_compile(config: ml_collections.ConfigDict):
   if not config.masking.special_ids:
     config.masking.special_ids = (0, 1, 2, 3)
     notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
+  bind_platform(config, platform)
+  notes.append(f"attention: {config.model.attention_impl}")
   check(config)
   return freeze(config), notes
 
@@ -186,5 +203,6 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   o = config.optimizer
   if not o.warmup_steps:
     o.warmup_steps = int(round(o.get("warmup_fraction", 0.0) * config.train.steps))
+  bind_platform(config, jax.default_backend())
   check(config)
   return freeze(config), tok

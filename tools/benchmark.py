@@ -2,6 +2,8 @@
 """Throughput benchmarks; the last line of output is one JSON object.
 
   python tools/benchmark.py train --model=mini --seq_len=128 --batch=32 --steps=20 --vocab=32000
+  python tools/benchmark.py train --model=base --seq_len=512 --batch=32 --dtype=bfloat16 --dropout=0 \
+      --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
   python tools/benchmark.py input [flags of tools/benchmark_input.py]
 
 `train` runs the real train step (masking, sparse MLM loss, AdamW; dropout 0.1 like the peers in
@@ -38,23 +40,32 @@ def train_main(argv):
   p.add_argument("--mask_mode", default="token")
   p.add_argument("--devices", type=int, default=1, help="devices in the data axis (default 1)")
   p.add_argument("--peak_gflops", type=float, default=0.0, help="skip measuring the matmul peak")
+  p.add_argument("--attention_impl", default="auto", help="auto | xla | splash | cudnn (model.attention_impl)")
+  p.add_argument("--scan_layers", action="store_true", help="model.scan_layers: one lax.scan over the layers")
+  p.add_argument("--remat", default="none", help="none | full | dots (model.remat)")
+  p.add_argument("--max_predictions", type=int, default=0,
+                 help="prediction slots per sequence; 0 = masking.max_predictions' rule for the platform")
   args = p.parse_args(argv)
 
   import jax
   import numpy as np
-  from mlm_jax import flops, masking, sharding, step
+  from mlm_jax import flops, masking, resolve, sharding, step
   from mlm_jax.defaults import default_config
 
   kept = runtime.keep_freed_memory()   # as the training binary does on CPU
   c = default_config()
   c.model.update(PRESETS[args.model])
   c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
-                      attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len)))
-  c.masking.update(dict(mode=args.mask_mode, mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3)))
+                      attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len),
+                      attention_impl=args.attention_impl, scan_layers=args.scan_layers, remat=args.remat))
+  c.masking.update(dict(mode=args.mask_mode, mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3),
+                        max_predictions=args.max_predictions))
   c.train.update(dict(steps=args.steps + args.warmup + 1, batch_size=args.batch))
   c.mesh.update(dict(data=args.devices, fsdp=1, tensor=1))
-  c.data.seq_len = args.seq_len
+  # One segment per row, no padding (the batches below), as concat packing makes them: what cudnn serves.
+  c.data.update(dict(seq_len=args.seq_len, packing="concat"))
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:args.devices])
+  impl_reason = resolve.bind_platform(c, sharding.platform(mesh))
 
   rng = np.random.default_rng(0)
   b, s = args.batch, args.seq_len
@@ -96,8 +107,10 @@ def train_main(argv):
   result = dict(
       bench="mlm_jax_train", model=args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
       dropout=args.dropout, devices=args.devices, device=str(jax.devices()[0].platform),
+      attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, scan_layers=args.scan_layers,
+      remat=args.remat,
       tokens_per_sec=tokens_per_sec, steps_per_sec=args.steps / total,
-      step_time_median_s=statistics.median(times), compile_s=compile_s,
+      step_time_median_s=statistics.median(times), step_time_min_s=min(times), compile_s=compile_s,
       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,

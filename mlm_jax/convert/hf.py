@@ -4,7 +4,8 @@ One table says where every tensor goes; both directions use it, so HF -> ours ->
 construction and the parity tests (tests/test_model_hf_parity.py) check the arithmetic.
 
 Our parameters are addressed by dotted paths ("layers.3.attention.q_kernel"); HF tensors by their
-state-dict names, as numpy arrays in PyTorch layout (Linear weights are [out, in]).
+state-dict names, as numpy arrays in PyTorch layout (Linear weights are [out, in]). A model with
+`scan_layers` is converted through the unscanned names (mlm_jax/scan_layout.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import jax
 import numpy as np
 import ml_collections
 
+from mlm_jax import scan_layout
 from mlm_jax.checkpoint import path_name
 from mlm_jax.errors import ConversionError
 
@@ -182,6 +184,9 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], cfg: ml_collections.Con
   mismatch names both the HF tensor and our parameter instead of failing inside a reshape.
   """
   shapes = {path_name(path): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(template)}
+  if cfg.get("scan_layers"):
+    shapes = {name: x.shape for name, x in scan_layout.unscan_flat(
+        {k: np.broadcast_to(np.int8(0), v) for k, v in shapes.items()}, cfg).items()}
   flat = {}
   for ours, theirs, to_ours, to_hf in mapping(cfg, arch):
     if theirs not in state_dict:
@@ -193,11 +198,13 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], cfg: ml_collections.Con
         raise ConversionError(f"parameter {ours}: shape {tuple(value.shape)} of HF tensor {theirs} does not match "
                               f"the config's {want}")
     flat[ours] = to_ours(value)
-  return fill(template, flat)
+  return fill(template, scan_layout.scan_flat(flat, cfg) if cfg.get("scan_layers") else flat)
 
 
 def params_to_hf(params, cfg: ml_collections.ConfigDict, arch: str) -> dict[str, np.ndarray]:
   """Our params -> HF state dict (numpy), including the tied decoder weight and bias names."""
   flat = flatten(params)
+  if cfg.get("scan_layers"):
+    flat = scan_layout.unscan_flat(flat, cfg)
   out = {theirs: np.ascontiguousarray(to_hf(flat[ours])) for ours, theirs, _, to_hf in mapping(cfg, arch)}
   return out

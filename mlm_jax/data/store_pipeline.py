@@ -19,7 +19,6 @@ global batch size. The eval split reads each source's held-out documents once, i
 import hashlib
 import json
 import logging
-import os
 from typing import Optional
 
 import numpy as np
