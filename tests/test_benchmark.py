@@ -17,5 +17,5 @@ def test_train_benchmark_prints_its_json_line():
             "achieved_tflops", "peak_tflops", "mfu", "page_faults_per_step"):
     assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])
   assert r["tokens_per_sec"] > 0 and r["keep_freed_memory"] is True
-  assert r["prediction_slots"] == 8 and r["peak_tflops"] == 0.1   # ceil(0.15 * 32) -> 5 -> 8; as given
+  assert r["prediction_slots"] == 5 and r["peak_tflops"] == 0.1   # ceil(0.15 * 32), exact on CPU; as given
   assert abs(r["mfu"] - r["achieved_tflops"] / r["peak_tflops"]) < 1e-9
