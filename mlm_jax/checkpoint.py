@@ -189,6 +189,20 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None) 
   return restored.state["params"], step
 
 
+def restore_params_for(workdir: str, model_cfg: ml_collections.ConfigDict, abstract_params: Any) -> Any:
+  """`init_from`: the latest parameters of WORKDIR for the model `model_cfg` builds, placed as
+  `abstract_params`; a source trained with the other `model.scan_layers` is restacked (scan_layout)."""
+  from mlm_jax import scan_layout
+  source = read_config(workdir).model
+  if bool(source.get("scan_layers", False)) == bool(model_cfg.get("scan_layers", False)):
+    return restore_params(workdir, abstract_params)[0]
+  _, params, _ = restore_model(workdir, source)
+  host = (scan_layout.scan_params(params, model_cfg) if model_cfg.scan_layers else
+          scan_layout.unscan_params(params, source))
+  check_shapes(host, abstract_params, f"{workdir} (restacked)")
+  return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), host, abstract_params)
+
+
 def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None):
   """(graphdef, parameters on one device, step) of the encoder `model_cfg` describes, from WORKDIR."""
   from mlm_jax import step as step_lib

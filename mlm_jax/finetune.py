@@ -164,7 +164,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
       logging.info("random initialization (baseline): architecture and tokenizer of %s, no weights", config.init_from)
       return state
     params = state.params
-    params["encoder"], _ = ckpt_lib.restore_params(config.init_from, abstract.params["encoder"])
+    params["encoder"] = ckpt_lib.restore_params_for(config.init_from, mcfg, abstract.params["encoder"])
     logging.info("encoder initialized from %s", config.init_from)
     return state.replace(params=params)
 

@@ -153,7 +153,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     state = trainer.init()
     if config.init_from:
       abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
-      params, _ = ckpt_lib.restore_params(config.init_from, abstract.params)
+      params = ckpt_lib.restore_params_for(config.init_from, config.model, abstract.params)
       state = state.replace(params=params)
       logging.info("initialized parameters from %s", config.init_from)
     return state

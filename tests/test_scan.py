@@ -95,3 +95,21 @@ def test_stacked_axis_uses_the_layers_rule():
   shardings = sharding.state_shardings(abstract, mesh, default_config().sharding.rules)
   spec = shardings["layer_groups"]["layers"][0]["mlp"]["wi_kernel"].get_value().spec
   assert tuple(spec) == (None, "fsdp", "tensor")
+
+
+def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path):
+  """config.init_from with another model.scan_layers than the source run: same model, either way."""
+  import json
+  from mlm_jax import checkpoint
+  unscanned = Encoder(_cfg(), seed=3)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=1, async_save=False)
+  ckpt.save(0, {"params": _params(unscanned), "step": jnp.zeros((), jnp.int32)}, {})
+  ckpt.close()
+  (tmp_path / "config.json").write_text(json.dumps(dict(model=_cfg().to_dict())))
+  scanned_cfg = _cfg(scan_layers=True)
+  _, abstract = step.abstract_model(scanned_cfg)
+  params = checkpoint.restore_params_for(str(tmp_path), scanned_cfg, checkpoint.single_device(abstract))
+  graphdef, _ = nnx.split(Encoder(scanned_cfg), nnx.Param)
+  ids, seg, pos = _inputs()
+  np.testing.assert_allclose(np.asarray(nnx.merge(graphdef, params)(ids, seg, pos)),
+                             np.asarray(unscanned(ids, seg, pos)), atol=1e-6)
