@@ -1,4 +1,5 @@
-"""The full config schema with defaults; every file in configs/ starts from `default_config()`.
+"""The full config schema with defaults, one function per section; every file in configs/ starts from
+`default_config()`, and the fine-tuning schema (tasks/config.py) reuses its sections.
 
 Keeping all fields in one place makes the ConfigDict locked against typos: overriding a key
 that is not here (`--config.trian.steps=5`) fails at start with the key named.
@@ -28,25 +29,20 @@ def loop_defaults() -> ml_collections.ConfigDict:
   return t
 
 
-def default_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
-  # parameters start from there, the optimizer and data stream start fresh.
-  c.init_from = ""
-  # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
-  c.demo_corpus = False
-
-  # ---- tokenizer training, used when data.tokenizer is '' (trained once into WORKDIR/tokenizer) ----
-  tk = c.tokenizer = ml_collections.ConfigDict()
+def tokenizer_defaults() -> ml_collections.ConfigDict:
+  """Tokenizer training, used when data.tokenizer is '' (trained once into WORKDIR/tokenizer)."""
+  tk = ml_collections.ConfigDict()
   tk.vocab_size = 8000
   tk.model_type = "unigram"      # unigram | bpe
   tk.layout = "xlmr"             # xlmr (<s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask>=last) | bert
   tk.alpha = 0.3                 # language sampling exponent
   tk.input_sentence_size = 2_000_000
+  return tk
 
-  # ---- model (mlm_jax/model.py) ----
-  m = c.model = ml_collections.ConfigDict()
+
+def model_defaults() -> ml_collections.ConfigDict:
+  """The encoder (mlm_jax/model.py, attention.py)."""
+  m = ml_collections.ConfigDict()
   m.vocab_size = 0               # 0 = the tokenizer's size; otherwise must equal it
   m.hidden_size = 256
   m.num_layers = 4
@@ -74,9 +70,12 @@ def default_config() -> ml_collections.ConfigDict:
   m.rope_theta_local = 10000.0   # rotary theta of the local layers
   m.scan_layers = False          # stack the layers (groups of global_attention_every) and lax.scan them
   m.remat = "none"               # none | full | dots
+  return m
 
-  # ---- masking (mlm_jax/masking.py) ----
-  k = c.masking = ml_collections.ConfigDict()
+
+def masking_defaults() -> ml_collections.ConfigDict:
+  """Dynamic masking inside the step (mlm_jax/masking.py)."""
+  k = ml_collections.ConfigDict()
   k.mode = "token"               # token | whole_word | span
   k.mask_rate = 0.15
   k.mask_token_prob = 0.8
@@ -87,9 +86,12 @@ def default_config() -> ml_collections.ConfigDict:
   # Filled from the tokenizer at start: mask id and the ids that are never selected/sampled.
   k.mask_id = -1
   k.special_ids = ()
+  return k
 
-  # ---- optimizer (mlm_jax/optim.py) ----
-  o = c.optimizer = ml_collections.ConfigDict()
+
+def optimizer_defaults() -> ml_collections.ConfigDict:
+  """AdamW and its schedule (mlm_jax/optim.py)."""
+  o = ml_collections.ConfigDict()
   o.learning_rate = 1e-4         # peak
   o.warmup_steps = 100
   o.schedule = "linear"          # linear | cosine | constant (after warmup)
@@ -100,11 +102,23 @@ def default_config() -> ml_collections.ConfigDict:
   o.weight_decay = 0.01
   o.clip_norm = 1.0              # 0 = off
   o.grad_accum_steps = 1
+  return o
 
-  # ---- data (mlm_jax/data/) ----
-  c.data = data_defaults()
 
-  # ---- training loop (mlm_jax/loop.py) ----
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
+  # parameters start from there, the optimizer and data stream start fresh.
+  c.init_from = ""
+  # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
+  c.demo_corpus = False
+
+  c.tokenizer = tokenizer_defaults()   # used when data.tokenizer is ''
+  c.model = model_defaults()
+  c.masking = masking_defaults()
+  c.optimizer = optimizer_defaults()
+  c.data = data_defaults()             # mlm_jax/data/config.py
   c.train = loop_defaults()
 
   # ---- mesh and sharding (mlm_jax/sharding.py) ----
