@@ -126,6 +126,7 @@ class TaskEvaluator:
 
   def finish(self, workdir: str, abstract_params, score: bool = True) -> dict:
     """Scores and predictions of the best checkpoint on disk (even if the run died right after saving it)."""
+    import tensorflow as tf   # for gs:// workdirs
     self.best_ckpt.wait()
     best_step = self.best_ckpt.latest_step()
     result = {}
@@ -136,7 +137,7 @@ class TaskEvaluator:
       result = dict(best_step=best_step, best_metric=self.best_name, predictions=path, **ev)
       if jax.process_index() == 0:
         self.task.write_predictions(pred, path)
-        with open(os.path.join(workdir, "eval_results.json"), "w", encoding="utf-8") as f:
+        with tf.io.gfile.GFile(os.path.join(workdir, "eval_results.json"), "w") as f:
           json.dump(result, f, indent=1, sort_keys=True)
       logging.info("best %s %.4f at step %d; predictions in %s", self.best_name, ev[f"eval_{self.best_name}"],
                    best_step, path)
@@ -146,7 +147,7 @@ class TaskEvaluator:
 
 def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> dict:
   """Runs (or resumes) fine-tuning; returns the scores of the best checkpoint."""
-  runtime.tensorflow()
+  tf = runtime.tensorflow()
   workdir = loop_lib.make_workdir(workdir)
   config, tok = resolve.resolve_finetuning(config, workdir, init_from)
   mcfg, kind = config.model, config.task.kind
@@ -169,7 +170,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
     return state.replace(params=params)
 
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "task.json"), "w", encoding="utf-8") as f:
+    with tf.io.gfile.GFile(os.path.join(workdir, "task.json"), "w") as f:
       json.dump(dict(kind=kind, labels=task.labels, model=mcfg.to_dict(), tokenizer=tok.model_path), f, indent=1)
   evaluator = TaskEvaluator(trainer, task, workdir)
   loop = loop_lib.Loop(trainer, workdir, TaskInput(task.train, config.train.batch_size, config.seed), evaluator,

@@ -42,8 +42,6 @@ def check(config: ml_collections.ConfigDict) -> None:
   if "masking" in config:
     masking.check_config(config.masking, config.model.vocab_size)
   m = config.model
-  if m.hidden_size % m.num_heads:
-    raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   limit = m.max_position_embeddings - m.position_offset
   if m.positions == "learned" and seq_len > limit:
