@@ -28,7 +28,7 @@ import ml_collections
 from absl import logging
 
 from mlm_jax import checkpoint as ckpt_lib
-from mlm_jax import sharding
+from mlm_jax import flops, sharding
 from mlm_jax.errors import UserError
 from mlm_jax.metrics_writer import MetricsWriter
 
@@ -173,6 +173,7 @@ class _Interval:
 
   def __init__(self, loop: Loop, start: int):
     self.loop, self.start, self.t_start = loop, start, time.perf_counter()
+    self.peak = peak_flops(loop.trainer.config)   # measured once per run on CPU
     self.bad_in_a_row = 0
     self.restart()
 
@@ -193,7 +194,7 @@ class _Interval:
     line = dict(step=step, **loop.trainer.objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
                 learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
                 tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
-                mfu=tokens_per_sec * loop.flops_per_token / peak_flops(loop.trainer.config),
+                mfu=flops.mfu(tokens_per_sec, loop.flops_per_token, self.peak),
                 input_wait_fraction=min(self.input_seconds / seconds, 1.0),
                 skipped_nonfinite=int(round(since - float(host["finite"]))))
     eta = (t.steps - step) * (now - self.t_start) / max(step - self.start, 1)
@@ -217,19 +218,13 @@ class _Interval:
                       "the last checkpoint is intact. Lower optimizer.learning_rate")
 
 
-_PEAK: dict = {}
-
-
 def peak_flops(config: ml_collections.ConfigDict) -> float:
-  """Peak FLOP/s of all devices: config override, a known accelerator's peak, or measured on CPU (once)."""
-  from mlm_jax import flops
-  if "peak" not in _PEAK:
-    per = config.train.peak_tflops_per_device * 1e12
-    if not per:
-      spec = flops.accelerator_spec(jax.devices()[0].device_kind)
-      per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3)
-    _PEAK["peak"] = per * jax.device_count()
-  return _PEAK["peak"]
+  """Peak FLOP/s of all devices: config override, a known accelerator's peak, or measured on CPU."""
+  per = config.train.peak_tflops_per_device * 1e12
+  if not per:
+    spec = flops.accelerator_spec(jax.devices()[0].device_kind)
+    per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3)
+  return per * jax.device_count()
 
 
 class _Preemption:

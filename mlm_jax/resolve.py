@@ -179,12 +179,12 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   the tokenizer is the source's unless `tokenizer` is set; `init_from` becomes the source folder.
   """
   from mlm_jax import checkpoint as ckpt_lib
-  from mlm_jax.defaults import default_config
+  from mlm_jax.defaults import model_defaults
   config = _copy(config)
   choices.check_config(config)
   source = finetune_source(init_from or config.init_from, workdir)
   source_cfg = ckpt_lib.read_config(source)
-  model = default_config().model
+  model = model_defaults()
   model.update(source_cfg.model.to_dict())
   if config.hidden_dropout >= 0:
     model.hidden_dropout = config.hidden_dropout
