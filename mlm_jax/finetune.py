@@ -32,7 +32,6 @@ from ml_collections import config_flags  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
 from mlm_jax import flops, heads, loop as loop_lib, resolve, sharding, step as step_lib  # noqa: E402
-from mlm_jax.errors import ConfigError  # noqa: E402
 from mlm_jax.tasks import task as task_lib  # noqa: E402
 from mlm_jax.tasks.features import pad_rows  # noqa: E402
 
@@ -85,16 +84,14 @@ class TaskInput:
 
 
 class TaskEvaluator:
-  """Decode and score the eval set; keep the best parameters (by `train.best_metric`) in DIR/best."""
+  """Decode and score the eval set (the loop keeps the best parameters by `train.best_metric` in DIR/best)."""
 
-  def __init__(self, trainer: step_lib.Trainer, task, workdir: str):
+  def __init__(self, trainer: step_lib.Trainer, task):
     self.trainer, self.task = trainer, task
     self.batch_size = trainer.config.train.eval_batch_size
     self.arrays = pad_rows(task.eval, self.batch_size)   # whole global batches
     self.rows = len(task.eval["weight"])
     self.best_name = trainer.config.train.best_metric or task_lib.DEFAULT_METRIC[task.kind]
-    self.best_ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "best"), keep=1)
-    self.progress = dict(best=None, best_step=None)
 
   def predict(self, params) -> tuple[dict, object]:
     outs = []
@@ -109,39 +106,19 @@ class TaskEvaluator:
   def __call__(self, params, step: int) -> dict:
     return self.predict(params)[0]
 
-  def after(self, state, step: int, metrics: dict) -> None:
-    value = metrics.get(f"eval_{self.best_name}")
-    if value is None:
-      raise ConfigError(f"train.best_metric={self.best_name!r} is not an eval metric of this task: "
-                        f"{', '.join(k[5:] for k in metrics)}")
-    if self.progress["best"] is None or value > self.progress["best"]:
-      self.progress = dict(best=value, best_step=step)
-      self.best_ckpt.save(step, {"params": state.params}, self.progress)
-
-  def get_state(self) -> dict:
-    return dict(self.progress)
-
-  def set_state(self, state: dict) -> None:
-    self.progress = dict(best=state.get("best"), best_step=state.get("best_step"))
-
-  def finish(self, workdir: str, abstract_params, score: bool = True) -> dict:
+  def finish(self, workdir: str, abstract_params) -> dict:
     """Scores and predictions of the best checkpoint on disk (even if the run died right after saving it)."""
     import tensorflow as tf   # for gs:// workdirs
-    self.best_ckpt.wait()
-    best_step = self.best_ckpt.latest_step()
-    result = {}
-    if score and best_step is not None:
-      restored, _ = self.best_ckpt.restore(best_step, {"params": abstract_params})
-      ev, pred = self.predict(restored["params"])
-      path = os.path.join(workdir, task_lib.PREDICTIONS_FILE[self.task.kind])
-      result = dict(best_step=best_step, best_metric=self.best_name, predictions=path, **ev)
-      if jax.process_index() == 0:
-        self.task.write_predictions(pred, path)
-        with tf.io.gfile.GFile(os.path.join(workdir, "eval_results.json"), "w") as f:
-          json.dump(result, f, indent=1, sort_keys=True)
-      logging.info("best %s %.4f at step %d; predictions in %s", self.best_name, ev[f"eval_{self.best_name}"],
-                   best_step, path)
-    self.best_ckpt.close()
+    params, best_step = ckpt_lib.restore_params(os.path.join(workdir, "best"), abstract_params)
+    ev, pred = self.predict(params)
+    path = os.path.join(workdir, task_lib.PREDICTIONS_FILE[self.task.kind])
+    result = dict(best_step=best_step, best_metric=self.best_name, predictions=path, **ev)
+    if jax.process_index() == 0:
+      self.task.write_predictions(pred, path)
+      with tf.io.gfile.GFile(os.path.join(workdir, "eval_results.json"), "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    logging.info("best %s %.4f at step %d; predictions in %s", self.best_name, ev[f"eval_{self.best_name}"],
+                 best_step, path)
     return result
 
 
@@ -172,12 +149,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
   if jax.process_index() == 0:
     with tf.io.gfile.GFile(os.path.join(workdir, "task.json"), "w") as f:
       json.dump(dict(kind=kind, labels=task.labels, model=mcfg.to_dict(), tokenizer=tok.model_path), f, indent=1)
-  evaluator = TaskEvaluator(trainer, task, workdir)
+  evaluator = TaskEvaluator(trainer, task)
   loop = loop_lib.Loop(trainer, workdir, TaskInput(task.train, config.train.batch_size, config.seed), evaluator,
                        init_state, tokens_per_example=config.seq_len,
-                       flops_per_token=flops.flops_per_token(mcfg, config.seq_len, 0))
+                       flops_per_token=flops.flops_per_token(mcfg, config.seq_len, 0),
+                       best_metric=f"eval_{evaluator.best_name}")
   loop.run()
-  return evaluator.finish(workdir, abstract.params, score=not loop.preempted)
+  return {} if loop.preempted else evaluator.finish(workdir, abstract.params)
 
 
 def main(argv):

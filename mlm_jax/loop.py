@@ -7,7 +7,8 @@ It owns what every run needs and nothing an objective decides:
 - every `log_every` steps one host sync: the objective's rates (loss, accuracy, ...) plus learning
   rate, gradient norm, tokens/s, examples/s, MFU, the time spent waiting for input, ETA and skipped
   non-finite updates, to the console, metrics.jsonl and TensorBoard;
-- every `eval_every` steps (and at the end) the evaluator, whose hook may keep a best checkpoint;
+- every `eval_every` steps (and at the end) the evaluator; with `best_metric`, the best parameters
+  so far in WORKDIR/best;
 - every `save_every` steps (and at the end, and on SIGTERM) an async checkpoint with the input's
   position, never of a non-finite state;
 - SIGTERM: finish the step, save, exit 0. A watchdog ends a run stuck (in input, typically) for
@@ -29,7 +30,7 @@ from absl import logging
 
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import flops, sharding
-from mlm_jax.errors import UserError
+from mlm_jax.errors import ConfigError, UserError
 from mlm_jax.metrics_writer import MetricsWriter
 
 
@@ -58,13 +59,31 @@ class Input(Protocol):
   def set_state(self, state: dict) -> None: ...
 
 
-class Evaluator(Protocol):
-  """Held-out metrics ({"eval_...": float}); `after` may keep a best checkpoint; its state is saved."""
+Evaluator = Callable[[Any, int], dict]   # (params, step) -> held-out metrics {"eval_...": float}
 
-  def __call__(self, params: Any, step: int) -> dict: ...
-  def after(self, state: Any, step: int, metrics: dict) -> None: ...
-  def get_state(self) -> dict: ...
-  def set_state(self, state: dict) -> None: ...
+
+class _Best:
+  """The best parameters by one eval metric (higher is better) in WORKDIR/best; its progress is saved
+  with every checkpoint, so a resumed run keeps comparing against the same best."""
+
+  def __init__(self, workdir: str, metric: str):
+    self.metric, self.value, self.step = metric, None, None
+    self.checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "best"), keep=1)
+
+  def update(self, state, step: int, metrics: dict) -> None:
+    value = metrics.get(self.metric)
+    if value is None:
+      raise ConfigError(f"train.best_metric={self.metric[5:]!r} is not an eval metric of this run: "
+                        f"{', '.join(k[5:] for k in metrics)}")
+    if self.value is None or value > self.value:
+      self.value, self.step = value, step
+      self.checkpointer.save(step, {"params": state.params}, self.get_state())
+
+  def get_state(self) -> dict:
+    return dict(best=self.value, best_step=self.step)
+
+  def set_state(self, state: dict) -> None:
+    self.value, self.step = state.get("best"), state.get("best_step")
 
 
 @dataclasses.dataclass
@@ -76,6 +95,7 @@ class Loop:
   init_state: Callable[[], Any]          # a fresh TrainState when there is no checkpoint
   tokens_per_example: int
   flops_per_token: float
+  best_metric: str = ""                  # e.g. "eval_accuracy": keep the best parameters in WORKDIR/best
   preempted: bool = False                # after run(): whether SIGTERM ended it
 
   @property
@@ -86,6 +106,7 @@ class Loop:
     """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
     t = self.train_config
     checkpointer = ckpt_lib.Checkpointer(self.workdir, keep=t.keep_checkpoints)
+    self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
     write_config(self.trainer.config, self.workdir)
     start = int(jax.device_get(state.step))
@@ -100,6 +121,8 @@ class Loop:
       watch.stop()
     self.preempted = watch.preempted
     checkpointer.close()
+    if self._best is not None:
+      self._best.checkpointer.close()
     writer.close()
     return last
 
@@ -110,26 +133,27 @@ class Loop:
     abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     state, saved = checkpointer.restore(latest, abstract)
     self.input.set_state(saved)
-    if self.evaluate is not None:
-      self.evaluate.set_state(saved)
+    if self._best is not None:
+      self._best.set_state(saved)
     logging.info("resuming from step %d", latest)
     return state
 
   def _saved_state(self) -> dict:
-    return {**self.input.get_state(), **(self.evaluate.get_state() if self.evaluate is not None else {})}
+    return {**self.input.get_state(), **(self._best.get_state() if self._best is not None else {})}
 
-  def _eval(self, params, step: int, writer: MetricsWriter) -> dict:
-    ev = self.evaluate(params, step)
+  def _eval(self, state, step: int, writer: MetricsWriter) -> dict:
+    ev = self.evaluate(state.params, step)
     writer.write(dict(step=step, **ev))
     logging.info("step %d  eval %s", step, "  ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
+    if self._best is not None:
+      self._best.update(state, step, ev)
     return ev
 
   def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
     t, trainer = self.train_config, self.trainer
     key = jax.random.key(trainer.config.seed)
     if self.evaluate is not None and t.eval_at_start and start == 0:
-      ev = self._eval(state.params, 0, writer)
-      self.evaluate.after(state, 0, ev)
+      self._eval(state, 0, writer)
     log = _Interval(self, start)
     last, step, m = {}, start, None
     while step < t.steps:
@@ -146,9 +170,7 @@ class Loop:
         last = log.flush(step, writer)
       if self.evaluate is not None and (step % t.eval_every == 0 or step == t.steps) and not watch.preempted:
         watch.phase = "input"
-        ev = self._eval(state.params, step, writer)
-        self.evaluate.after(state, step, ev)
-        last.update(ev)
+        last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
       if step % t.save_every == 0 or step == t.steps or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"

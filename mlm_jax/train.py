@@ -132,15 +132,6 @@ class HeldOut:
     rates = objectives.summarize(host)
     return {f"eval_{k}": float(rates[k]) for k in ("loss", "accuracy", "perplexity")}
 
-  def after(self, state, step: int, metrics: dict) -> None:
-    pass
-
-  def get_state(self) -> dict:
-    return {}
-
-  def set_state(self, state: dict) -> None:
-    pass
-
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) training; returns the last logged metrics."""
