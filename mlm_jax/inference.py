@@ -64,7 +64,10 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
       raise cio.ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} "
                                 f"but its tokenizer has {tok.vocab_size} pieces")
   sd, _ = cio.read_hf_weights(hf_dir)
-  graphdef, params = cio.params_from_state_dict(sd, mcfg, hcfg["model_type"])
+  graphdef, params, fresh_head = cio.params_from_state_dict(sd, mcfg, hcfg["model_type"])
+  if fresh_head:
+    raise cio.ConversionError(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
+                              "one; continue pretraining from it first (--config.init_from)")
   return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
 
 

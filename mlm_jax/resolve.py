@@ -93,7 +93,8 @@ def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
                     seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
     sharding.sync_processes("tokenizer")
   elif not os.path.exists(path) and "://" not in path:
-    raise ConfigError(f"data.tokenizer={path!r}: no such file (expected a sentencepiece .model)")
+    raise ConfigError(f"data.tokenizer={path!r}: no such file or folder (expected a sentencepiece .model, a "
+                      "vocab.txt, a tokenizer.json or a folder holding one)")
   return tok_lib.load(path)
 
 
@@ -108,11 +109,16 @@ def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
                       f"{tok.model_path} ({tok.vocab_size} pieces)")
 
 
-def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str):
-  """(frozen config, tokenizer) for `mlm_jax.train`; writes the demo corpus / trains the tokenizer once."""
+def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None):
+  """(frozen config, tokenizer) for `mlm_jax.train`; writes the demo corpus / trains the tokenizer once.
+
+  `overrides`: the command line's `--config.*` values (see bind_init_from).
+  """
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
   _substitute_workdir(config, workdir)
+  if config.init_from:
+    bind_init_from(config, workdir, overrides)
   if config.demo_corpus:
     from mlm_jax import demo_corpus
     if jax.process_index() == 0:
@@ -148,9 +154,15 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
 
 
 # ------------------------------------------------------------------------------------------
-# Fine-tuning
+# init_from: continue from a released checkpoint, a from_hf folder or a workdir
 # ------------------------------------------------------------------------------------------
-def finetune_source(init_from: str, workdir: str) -> str:
+# Fields of `model` that stay the user's when continuing: how to run the model, not what it is.
+# Every other model field is the source's.
+RUN_MODEL_FIELDS = ("dtype", "param_dtype", "hidden_dropout", "attention_dropout", "remat", "attention_impl",
+                    "scan_layers")
+
+
+def init_source(init_from: str, workdir: str) -> str:
   """The folder holding config.json + checkpoints; a transformers folder is converted into WORKDIR/init_model once."""
   from mlm_jax.convert import checkpoint_io as cio
   if not init_from:
@@ -168,10 +180,68 @@ def finetune_source(init_from: str, workdir: str) -> str:
     if jax.process_index() == 0:
       summary = cio.from_hf(init_from, out, overwrite=True)
       logging.info("converted %s (%s) into %s", init_from, summary["arch"], out)
+      if summary["fresh_head"]:
+        logging.warning("%s has no MLM head (a base or sentence-transformers model): the head is freshly "
+                        "initialized", init_from)
     sharding.sync_processes("from_hf")
   return out
 
 
+def _same(a, b) -> bool:
+  norm = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v
+  return norm(a) == norm(b)
+
+
+def _same_files(a: str, b: str) -> bool:
+  """The same path, or two local files with the same bytes (from_hf copies the tokenizer it is given)."""
+  if os.path.abspath(a) == os.path.abspath(b):
+    return True
+  if not (os.path.isfile(a) and os.path.isfile(b)):
+    return False
+  with open(a, "rb") as fa, open(b, "rb") as fb:
+    return fa.read() == fb.read()
+
+
+def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> None:
+  """`init_from=DIR` is all it takes to continue: the model and the tokenizer are DIR's.
+
+  Model fields other than RUN_MODEL_FIELDS, and the tokenizer, are replaced by the source's; a value
+  the config file set is replaced silently, but a command-line override (`overrides`, as
+  config_flags.get_override_values gives them: {"model.hidden_size": 512}) that contradicts the source
+  is an error, since the user asked for a model the checkpoint is not.
+  """
+  from mlm_jax import checkpoint as ckpt_lib
+  overrides = overrides or {}
+  given = config.init_from
+  source = init_source(given, workdir)
+  src = ckpt_lib.read_config(source)
+  if "model" not in src:
+    raise ConfigError(f"init_from={given!r}: its config.json has no model section")
+  taken = []
+  for key, value in src.model.items():
+    if key in RUN_MODEL_FIELDS or key not in config.model:
+      continue
+    flag = f"model.{key}"
+    if flag in overrides and not _same(overrides[flag], value):
+      raise ConfigError(f"--config.{flag}={overrides[flag]} contradicts init_from={given} ({flag}={value}); "
+                        "drop the flag: the architecture comes from the checkpoint")
+    if not _same(config.model[key], value):
+      taken.append(key)
+    config.model[key] = value
+  config.init_from = source
+  tok = ckpt_lib.tokenizer_path(source, src)
+  if os.path.exists(tok) or "://" in tok:
+    wanted = overrides.get("data.tokenizer")
+    if wanted and not _same_files(wanted, tok):
+      raise ConfigError(f"--config.data.tokenizer={wanted} contradicts init_from={given} (its tokenizer is {tok})")
+    config.data.tokenizer = tok
+  logging.info("init_from %s: model (%d fields differ from the config file's) and tokenizer %s from %s",
+               given, len(taken), config.data.tokenizer or "(none found)", source)
+
+
+# ------------------------------------------------------------------------------------------
+# Fine-tuning
+# ------------------------------------------------------------------------------------------
 def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None):
   """(frozen config with a `model` section, tokenizer) for `mlm_jax.finetune`.
 
@@ -182,7 +252,7 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   from mlm_jax.defaults import model_defaults
   config = _copy(config)
   choices.check_config(config)
-  source = finetune_source(init_from or config.init_from, workdir)
+  source = init_source(init_from or config.init_from, workdir)
   source_cfg = ckpt_lib.read_config(source)
   model = model_defaults()
   model.update(source_cfg.model.to_dict())

@@ -133,11 +133,12 @@ class HeldOut:
     return {f"eval_{k}": float(rates[k]) for k in ("loss", "accuracy", "perplexity")}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or resumes) training; returns the last logged metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> dict:
+  """Runs (or resumes) training; returns the last logged metrics. `overrides`: the command line's
+  `--config.*` values, which must agree with an `init_from` source (resolve.bind_init_from)."""
   runtime.tensorflow()
   workdir = loop_lib.make_workdir(workdir)
-  config, tok = resolve.resolve_pretraining(config, workdir)
+  config, tok = resolve.resolve_pretraining(config, workdir, overrides)
   trainer = step_lib.make_trainer(config, sharding.make_mesh(config.mesh))
 
   def init_state():
@@ -164,7 +165,7 @@ def main(argv):
     raise app.UsageError("--config and --workdir are required")
   runtime.start(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                 process_id=_PROCESS_ID.value, heartbeat_timeout_s=_HEARTBEAT.value)
-  train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train_and_evaluate(_CONFIG.value, _WORKDIR.value, config_flags.get_override_values(flags.FLAGS["config"]))
 
 
 def run():

@@ -135,11 +135,35 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   summary = cio.from_hf(str(src), str(out), tokenizer=spm["xlmr"].model_path)
   config = checkpoint.read_config(str(out))
   assert config.init_from == str(out) and config.data.tokenizer == summary["tokenizer"]
-  assert "--config.model.hidden_size=32" in summary["train_flags"]
+  assert summary["train_flags"] == [f"--config.init_from={out}"] and not summary["fresh_head"]
   _, abstract = step.abstract_model(config.model)
   params, _ = checkpoint.restore_params(str(out), checkpoint.single_device(abstract))
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()
   np.testing.assert_array_equal(np.asarray(params["word_embeddings"][...]), ref)
+
+  # --config.init_from is all it takes: the demo config's model is replaced by the source's, silently;
+  # a run-time field stays the user's; a command-line model flag that contradicts the source is refused.
+  from mlm_jax import resolve
+  from mlm_jax.defaults import default_config
+  from mlm_jax.errors import ConfigError
+  demo = default_config()   # a 4-layer, 256-wide model: the source's 2 x 32 replaces it
+  demo.init_from, demo.model.dtype, demo.data.seq_len = str(out), "bfloat16", 32
+  run = tmp_path / "run"
+  resolved, tok = resolve.resolve_pretraining(demo, str(run), {"model.hidden_size": 32,
+                                                               "data.tokenizer": spm["xlmr"].model_path})
+  assert resolved.init_from == str(out) and resolved.data.tokenizer == summary["tokenizer"]
+  assert tok.vocab_size == model.config.vocab_size
+  for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "type_vocab_size", "position_offset",
+              "layer_norm_eps", "max_position_embeddings", "vocab_size"):
+    assert resolved.model[key] == config.model[key], key
+  assert resolved.model.dtype == "bfloat16" and resolved.masking.mask_id == tok.mask_id
+  with pytest.raises(ConfigError, match=r"--config.model.num_layers=3 contradicts init_from=.*model.num_layers=2"):
+    resolve.resolve_pretraining(demo, str(run), {"model.num_layers": 3})
+  # A transformers folder is converted into WORKDIR/init_model; this one carries no tokenizer, so the
+  # user's data.tokenizer is kept.
+  demo.init_from, demo.data.tokenizer = str(src), spm["xlmr"].model_path
+  resolved, _ = resolve.resolve_pretraining(demo, str(run), {})
+  assert resolved.init_from == str(run / "init_model") and resolved.model.num_layers == 2
 
 
 def test_pytorch_bin_only_through_weights_only(tmp_path, spm):

@@ -110,7 +110,8 @@ def test_bert_pooler_is_imported_when_the_checkpoint_has_one():
   sd["bert.pooler.dense.weight"] = pooled.pooler.dense.weight.detach().numpy()
   sd["bert.pooler.dense.bias"] = pooled.pooler.dense.bias.detach().numpy()
   cfg = checkpoint_io.model_config(hcfg.to_dict())
-  graphdef, params = checkpoint_io.params_from_state_dict(sd, cfg, "bert")
+  graphdef, params, fresh_head = checkpoint_io.params_from_state_dict(sd, cfg, "bert")
+  assert not fresh_head
   assert cfg.use_pooler
   ours = nnx.merge(graphdef, params)
   ids, mask, types = _padded_batch("bert", 0, hcfg.vocab_size)

@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     else:
       summary = cio.from_hf(a.hf_dir, a.out, tokenizer=a.tokenizer, overwrite=a.overwrite)
       print(f"wrote {a.out} from {summary['weights']} ({summary['arch']})")
+      if summary["fresh_head"]:
+        print(f"note: {a.hf_dir} has no MLM head (a base model): the head is freshly initialized")
       if summary["tokenizer"] is None:
         print("note: the HF folder has no sentencepiece tokenizer; pass --config.data.tokenizer=MODEL with "
               "the same vocabulary size when training")

@@ -156,6 +156,9 @@ def read_hf_weights(hf_dir: str) -> tuple[dict, str]:
 def _canonical_names(sd: dict, arch: str) -> dict:
   """Older checkpoints' spellings (LayerNorm gamma/beta, the MLM bias under `decoder`) -> today's."""
   out = {}
+  prefix = "bert" if arch == "bert" else "roberta"
+  if not any(k.startswith(prefix + ".") for k in sd):   # saved from a base model (BertModel): no prefix
+    sd = {(k if k.startswith(("cls.", "lm_head.")) else f"{prefix}.{k}"): v for k, v in sd.items()}
   for k, v in sd.items():
     if k.endswith(".gamma"):
       k = k[:-len("gamma")] + "weight"
@@ -229,26 +232,38 @@ def model_config(hcfg: dict) -> ml_collections.ConfigDict:
     raise ConversionError(f"HF config.json: {e}") from None
 
 
+# Our MLM head's parameters: a checkpoint may lack all of them (a base model), never some.
+_HEAD = ("head_kernel", "head_bias", "head_norm.scale", "head_norm.bias", "decoder_bias")
+
+
+def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> bool:
+  """A base-model checkpoint (sentence-transformers: BertModel, no MLM head) gets a freshly initialized
+  head, as transformers' *ForMaskedLM.from_pretrained would; returns whether it did."""
+  rows = [(ours, theirs, to_hf) for ours, theirs, _, to_hf in hf.mapping(mcfg, arch) if ours in _HEAD]
+  if any(theirs in sd for _, theirs, _ in rows):
+    return False
+  from flax import nnx
+  from mlm_jax.model import Encoder
+  flat = hf.flatten(nnx.state(Encoder(mcfg, seed=0), nnx.Param))
+  for ours, theirs, to_hf in rows:
+    sd[theirs] = np.asarray(to_hf(flat[ours]))
+  return True
+
+
 def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str):
-  """(graphdef, params) from an HF state dict, every tensor's presence and shape checked by name."""
+  """(graphdef, params, fresh_head) from an HF state dict, every tensor's presence and shape checked by name."""
   from mlm_jax import step as step_lib
   sd = _canonical_names(sd, arch)
   # Checkpoints saved from *ForPreTraining / base models carry the pooler; keep it (fine-tuning
   # heads use it as BERT does). *ForMaskedLM checkpoints have none.
   if f"{'bert' if arch == 'bert' else 'roberta'}.pooler.dense.weight" in sd:
     mcfg.use_pooler = True
+  fresh_head = _add_fresh_head(sd, mcfg, arch)
   graphdef, abstract = step_lib.abstract_model(mcfg)
   try:
-    return graphdef, hf.params_from_hf(sd, mcfg, arch, abstract)
+    return graphdef, hf.params_from_hf(sd, mcfg, arch, abstract), fresh_head
   except (KeyError, ValueError) as e:
     raise ConversionError(e.args[0] if e.args else str(e)) from None
-
-
-def train_overrides(mcfg: ml_collections.ConfigDict) -> list[str]:
-  """The `--config.model.*` flags that make a training config build this model."""
-  keys = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
-          "type_vocab_size", "position_offset", "layer_norm_eps", "positions", "norm", "mlp", "use_pooler")
-  return [f"--config.model.{k}={mcfg[k]}" for k in keys]
 
 
 def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool = False) -> dict:
@@ -264,7 +279,7 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   arch = hcfg["model_type"]
   mcfg = model_config(hcfg)
   sd, source = read_hf_weights(hf_dir)
-  _, params = params_from_state_dict(sd, mcfg, arch)
+  _, params, fresh_head = params_from_state_dict(sd, mcfg, arch)
 
   if tokenizer:
     tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
@@ -304,8 +319,6 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   ckpt.close()
   with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  flags = [f"--config.init_from={config.init_from}"] + train_overrides(mcfg)
-  if tok_files is not None:
-    flags.append(f"--config.data.tokenizer={spm_path}")
+  flags = [f"--config.init_from={config.init_from}"]   # the model and tokenizer come from there
   return dict(arch=arch, out=out, weights=source, tokenizer=spm_path if tok_files is not None else None,
-              train_flags=flags)
+              train_flags=flags, fresh_head=fresh_head)
