@@ -124,3 +124,37 @@ def test_bert_pooler_is_imported_when_the_checkpoint_has_one():
   hidden = ours(jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions),
                 jnp.asarray(types, jnp.int32))
   np.testing.assert_allclose(np.asarray(ours.pool(hidden)), ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
+def test_mlm_loss_matches_transformers(arch):
+  """Our step's MLM loss (masking -> sparse slots -> mean NLL) is transformers' *ForMaskedLM loss with labels
+  at the masked positions, on the same corrupted batch: the number continued pretraining starts from."""
+  import jax
+  from mlm_jax import step
+  model, hcfg = _hf_model(arch)
+  config = default_config()
+  config.model = hf.model_config_from_hf(hcfg.to_dict(), config.model)
+  config.masking.mask_id, config.masking.special_ids = 4, (0, 1, 2, 3)
+  graphdef, template = nnx.split(Encoder(config.model), nnx.Param)
+  ours = nnx.merge(graphdef, hf.params_from_hf({k: v.detach().numpy() for k, v in model.state_dict().items()},
+                                               config.model, arch, template))
+  ids, mask, types = _padded_batch(arch, hcfg.pad_token_id, hcfg.vocab_size)
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  batch = dict(input_ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.asarray(mask, jnp.int32),
+               positions=jnp.asarray(positions, jnp.int32), token_type_ids=jnp.asarray(types, jnp.int32))
+  objective = step.MLM(config)
+  masked = jax.jit(objective.prepare)(batch, jax.random.key(3))
+  loss_sum, sums = nnx.jit(lambda m, b: objective.loss_sums(m, b, None))(ours, masked)
+  ours_loss = float(loss_sum / sums["num_predictions"])
+
+  labels = np.full(ids.shape, -100, np.int64)
+  w = np.asarray(masked["masked_weights"]) > 0
+  rows = np.nonzero(w)[0]
+  labels[rows, np.asarray(masked["masked_positions"])[w]] = np.asarray(masked["masked_labels"])[w]
+  assert (labels != -100).sum() == int(sums["num_predictions"]) > 0
+  with torch.no_grad():
+    ref = model(input_ids=torch.tensor(np.asarray(masked["input_ids"]), dtype=torch.long),
+                attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types),
+                labels=torch.tensor(labels)).loss.item()
+  assert abs(ours_loss - ref) < 1e-4, (ours_loss, ref)
