@@ -58,6 +58,14 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.hidden_dropout = 0.1
   m.attention_dropout = 0.1
   m.use_pooler = False
+  # Structure switches (mlm_jax/model.py); ModernBERT: embedding_norm on, the four biases off,
+  # first_layer_attention_norm off (configs/modernbert_base.py).
+  m.embedding_norm = True        # LayerNorm on the embeddings (pre-LN adds its own after the last layer)
+  m.attention_bias = True        # biases of the q / k / v / output projections
+  m.mlp_bias = True              # biases of the FFN projections
+  m.norm_bias = True             # LayerNorm biases (every norm of the model)
+  m.head_bias = True             # the MLM head's dense bias (the decoder bias is always there)
+  m.first_layer_attention_norm = True   # pre-LN: False = layer 0 attends to its input unnormalized
   m.rope_theta = 10000.0
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
