@@ -30,7 +30,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import errors
-from mlm_jax.convert import hf, hf_tokenizer
+from mlm_jax.convert import hf, hf_tokenizer, modernbert
 from mlm_jax.data import tokenizer as tok_lib
 
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
@@ -40,7 +40,10 @@ ConversionError = errors.ConversionError
 
 
 def default_arch(model_cfg: ml_collections.ConfigDict) -> str:
-  """BERT when positions start at 0, else XLM-R (RoBERTa's code with a sentencepiece vocabulary)."""
+  """ModernBERT for a model of its structure; else BERT when positions start at 0, else XLM-R
+  (RoBERTa's code with a sentencepiece vocabulary)."""
+  if modernbert.is_modernbert(model_cfg):
+    return modernbert.ARCH
   return "bert" if model_cfg.position_offset == 0 else "xlm-roberta"
 
 
@@ -69,7 +72,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     raise ConversionError(str(e)) from None
   _, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
   state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.params_to_hf(params, mcfg, arch).items()}
-  if mcfg.type_vocab_size == 0:
+  if mcfg.type_vocab_size == 0 and arch != modernbert.ARCH:
     # Our model has no token types; transformers always adds one: a zero row changes nothing.
     prefix = "bert" if arch == "bert" else "roberta"
     state_dict[f"{prefix}.embeddings.token_type_embeddings.weight"] = np.zeros((1, mcfg.hidden_size), np.float32)
@@ -246,8 +249,14 @@ def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str)
 
 def train_overrides(mcfg: ml_collections.ConfigDict) -> list[str]:
   """The `--config.model.*` flags that make a training config build this model."""
-  keys = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
-          "type_vocab_size", "position_offset", "layer_norm_eps", "positions", "norm", "mlp", "use_pooler")
+  from mlm_jax.defaults import default_config
+  keys = ["vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
+          "type_vocab_size", "position_offset", "layer_norm_eps", "positions", "norm", "mlp", "use_pooler"]
+  # The fields that only some architectures set (ModernBERT's), when they differ from the defaults.
+  defaults = default_config().model
+  keys += [k for k in ("embedding_norm", "attention_bias", "mlp_bias", "norm_bias", "head_bias",
+                       "first_layer_attention_norm", "rope_theta", "rope_theta_local", "global_attention_every",
+                       "local_window") if mcfg[k] != defaults[k]]
   return [f"--config.model.{k}={mcfg[k]}" for k in keys]
 
 
