@@ -6,7 +6,7 @@
   config.json, model.safetensors (never pickle) and tokenizer files (hf_tokenizer.py) that
   `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained` load. Parameters are restored onto one
   device whatever mesh wrote them, so a pod checkpoint converts on a laptop CPU.
-* `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R masked LM (safetensors, or a
+* `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R / ModernBERT masked LM (safetensors, or a
   pytorch_model.bin read with `torch.load(weights_only=True)`) -> OUT/config.json, an orbax
   checkpoint at OUT/checkpoints/0 whose 'state' item has our `params` subtree (what
   `config.init_from` / `checkpoint.load_params` reads) and OUT/tokenizer/spm.model when the folder
