@@ -57,6 +57,8 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
   cfg.initializer_range = float(hf.get("initializer_range", 0.02))
   cfg.position_offset = 0 if arch == "bert" else int(hf.get("pad_token_id", 1)) + 1
   cfg.positions, cfg.norm, cfg.mlp = "learned", "post", "gelu"
+  from mlm_jax import model
+  cfg.update({k: True for k in (*model.MODEL_FIELDS, "embedding_norm")})   # every bias and norm
   return cfg
 
 
