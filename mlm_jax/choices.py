@@ -17,7 +17,8 @@ CHOICES = {
     "model.remat": ("none", "full", "dots"),
     "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
     "masking.mode": ("token", "whole_word", "span"),
-    "optimizer.schedule": ("linear", "cosine", "constant"),
+    "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
+    "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),
     "train.nonfinite": ("skip", "stop"),
     "data.doc_format": ("line", "blank_line"),
     "data.packing": ("segmented", "concat"),

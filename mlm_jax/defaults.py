@@ -58,6 +58,14 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.hidden_dropout = 0.1
   m.attention_dropout = 0.1
   m.use_pooler = False
+  # Structure switches (mlm_jax/model.py); ModernBERT: embedding_norm on, the four biases off,
+  # first_layer_attention_norm off (configs/modernbert_base.py).
+  m.embedding_norm = True        # LayerNorm on the embeddings (pre-LN adds its own after the last layer)
+  m.attention_bias = True        # biases of the q / k / v / output projections
+  m.mlp_bias = True              # biases of the FFN projections
+  m.norm_bias = True             # LayerNorm biases (every norm of the model)
+  m.head_bias = True             # the MLM head's dense bias (the decoder bias is always there)
+  m.first_layer_attention_norm = True   # pre-LN: False = layer 0 attends to its input unnormalized
   m.rope_theta = 10000.0
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
@@ -94,13 +102,18 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   o = ml_collections.ConfigDict()
   o.learning_rate = 1e-4         # peak
   o.warmup_steps = 100
-  o.schedule = "linear"          # linear | cosine | constant (after warmup)
+  o.schedule = "linear"          # linear | cosine | constant | wsd (after warmup)
   o.end_lr_ratio = 0.0
+  o.decay_fraction = 0.1         # wsd: the last fraction of train.steps decays (before it: the peak)
+  o.decay_shape = "1-sqrt"       # wsd: linear | cosine | 1-sqrt
   o.b1 = 0.9
   o.b2 = 0.999
   o.eps = 1e-6
   o.weight_decay = 0.01
   o.clip_norm = 1.0              # 0 = off
+  # > 0: each tensor's Adam update clipped to this RMS (1.0: the nearest optax equivalent of
+  # StableAdamW, mlm_jax/optim.py); 0 = off.
+  o.update_clip_rms = 0.0
   o.grad_accum_steps = 1
   return o
 

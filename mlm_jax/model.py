@@ -6,6 +6,11 @@ give the same hidden states and logits (tests/test_model_hf_parity.py). Modern o
 rotary positions, GeGLU, alternating local/global attention, scanned layers) are switches in
 `config.model`; the attention kernels (xla, splash, cudnn) live in mlm_jax/attention.py.
 
+ModernBERT (transformers' ModernBertForMaskedLM) is the pre-LN variant with the switches of
+MODEL_FIELDS: a LayerNorm on the embeddings and one after the last layer, no linear or LayerNorm
+biases, no attention norm in layer 0 (its input is the normalized embeddings already), rotary
+positions with a local and a global theta, GeGLU, and local/global attention layers.
+
 Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `norm`,
 `positions`); `config.sharding.rules` maps them to mesh axes (mlm_jax/sharding.py).
 
@@ -21,8 +26,39 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
-from mlm_jax import attention, choices
+from mlm_jax import attention, choices, scan_layout
 from mlm_jax.errors import ConfigError
+
+# Structure switches added for ModernBERT. config.json files written before them lack them and mean
+# these values (the models they describe had every bias and norm); `with_defaults` fills them in.
+MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bias=True,
+                    first_layer_attention_norm=True)
+
+
+def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`cfg` with MODEL_FIELDS, `embedding_norm` and attention.NEW_FIELDS filled in where missing.
+
+  `embedding_norm` of an older config is what its model had: post-LN normalized the embeddings,
+  pre-LN did not (it normalized after the last layer only).
+  """
+  missing = {k: v for k, v in MODEL_FIELDS.items() if k not in cfg}
+  if "embedding_norm" not in cfg:
+    missing["embedding_norm"] = cfg.norm == "post"
+  if missing:
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    cfg.update(missing)
+  return attention.with_defaults(cfg)
+
+
+def final_norm_name(cfg: ml_collections.ConfigDict) -> str | None:
+  """The attribute of the LayerNorm after the last layer: pre-LN only.
+
+  A pre-LN model without an embedding norm keeps it under the historic name `embeddings_norm`, so
+  checkpoints of pre-LN runs written before `model.embedding_norm` existed load unchanged.
+  """
+  if cfg.norm != "pre":
+    return None
+  return "final_norm" if cfg.embedding_norm else "embeddings_norm"
 
 
 def _param(key, shape, names, init: str, std: float, dtype) -> nnx.Param:
@@ -83,18 +119,29 @@ def gelu(x):
 class LayerNorm(nnx.Module):
   """LayerNorm computed in float32 whatever the compute dtype (bf16 variance is too coarse)."""
 
-  def __init__(self, size: int, eps: float, param_dtype):
+  def __init__(self, size: int, eps: float, param_dtype, bias: bool = True):
     self.eps = eps
     self.scale = _param(None, (size,), ("norm",), "ones", 0.0, param_dtype)
-    self.bias = _param(None, (size,), ("norm",), "zeros", 0.0, param_dtype)
+    self.bias = _param(None, (size,), ("norm",), "zeros", 0.0, param_dtype) if bias else None
 
   def __call__(self, x):
     dtype = x.dtype
     x = x.astype(jnp.float32)
     mean = x.mean(-1, keepdims=True)
     var = jnp.square(x - mean).mean(-1, keepdims=True)
-    y = (x - mean) * jax.lax.rsqrt(var + self.eps)
-    return (y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(dtype)
+    y = (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...].astype(jnp.float32)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(jnp.float32)
+    return y.astype(dtype)
+
+
+def _norm(cfg: ml_collections.ConfigDict, param_dtype) -> LayerNorm:
+  return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype, bias=cfg.norm_bias)
+
+
+def _add_bias(y, bias, dtype):
+  """y + bias, or y when the layer has no bias (model.attention_bias / mlp_bias / head_bias off)."""
+  return y if bias is None else y + bias[...].astype(dtype)
 
 
 def rotary(x, positions, theta: float):
@@ -119,11 +166,12 @@ class Attention(nnx.Module):
     self.q_kernel = _param(kq, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
     self.k_kernel = _param(kk, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
     self.v_kernel = _param(kv, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
-    self.q_bias = _param(None, (n, d), ("heads", "kv"), "zeros", 0.0, param_dtype)
-    self.k_bias = _param(None, (n, d), ("heads", "kv"), "zeros", 0.0, param_dtype)
-    self.v_bias = _param(None, (n, d), ("heads", "kv"), "zeros", 0.0, param_dtype)
     self.o_kernel = _param(ko, (n, d, h), ("heads", "kv", "embed"), "normal", std, param_dtype)
-    self.o_bias = _param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
+    bias = lambda shape, names: _param(None, shape, names, "zeros", 0.0, param_dtype) if cfg.attention_bias else None
+    self.q_bias = bias((n, d), ("heads", "kv"))
+    self.k_bias = bias((n, d), ("heads", "kv"))
+    self.v_bias = bias((n, d), ("heads", "kv"))
+    self.o_bias = bias((h,), ("norm",))
     self.rotary = cfg.positions == "rotary"
     self.window = window
     self.rope_theta = cfg.rope_theta_local if window else cfg.rope_theta
@@ -131,7 +179,7 @@ class Attention(nnx.Module):
 
   def __call__(self, x, ctx: attention.Context, positions, dtype, key):
     def proj(kernel, bias):
-      return jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)) + bias[...].astype(dtype)
+      return _add_bias(jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)), bias, dtype)
 
     q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
     if self.rotary:
@@ -146,58 +194,74 @@ class Attention(nnx.Module):
       logits = jnp.where(ctx.masks[self.window], logits, jnp.finfo(jnp.float32).min)
       probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
       out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
-    return jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)) + self.o_bias[...].astype(dtype)
+    return _add_bias(jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)), self.o_bias, dtype)
 
 
 class MLP(nnx.Module):
+  """gelu: wo(GELU(wi x)); geglu: wo(GELU(wi x) * wg x), HF ModernBERT's Wi = [wi; wg] (input, gate)."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
     h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range
     ki, kg, ko = jax.random.split(key, 3)
     self.gated = cfg.mlp == "geglu"
+    bias = lambda size, names: _param(None, (size,), names, "zeros", 0.0, param_dtype) if cfg.mlp_bias else None
     self.wi_kernel = _param(ki, (h, f), ("embed", "mlp"), "normal", std, param_dtype)
-    self.wi_bias = _param(None, (f,), ("mlp",), "zeros", 0.0, param_dtype)
+    self.wi_bias = bias(f, ("mlp",))
     if self.gated:
       self.wg_kernel = _param(kg, (h, f), ("embed", "mlp"), "normal", std, param_dtype)
-      self.wg_bias = _param(None, (f,), ("mlp",), "zeros", 0.0, param_dtype)
+      self.wg_bias = bias(f, ("mlp",))
     self.wo_kernel = _param(ko, (f, h), ("mlp", "embed"), "normal", std, param_dtype)
-    self.wo_bias = _param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
+    self.wo_bias = bias(h, ("norm",))
 
   def __call__(self, x, dtype):
-    y = gelu(x @ self.wi_kernel[...].astype(dtype) + self.wi_bias[...].astype(dtype))
+    y = gelu(_add_bias(x @ self.wi_kernel[...].astype(dtype), self.wi_bias, dtype))
     if self.gated:
-      y = y * (x @ self.wg_kernel[...].astype(dtype) + self.wg_bias[...].astype(dtype))
-    return y @ self.wo_kernel[...].astype(dtype) + self.wo_bias[...].astype(dtype)
+      y = y * _add_bias(x @ self.wg_kernel[...].astype(dtype), self.wg_bias, dtype)
+    return _add_bias(y @ self.wo_kernel[...].astype(dtype), self.wo_bias, dtype)
 
 
 class Layer(nnx.Module):
-  """One Transformer block; `norm='post'` is BERT's x = LN(x + f(x)), `pre` is x = x + f(LN(x))."""
+  """One Transformer block; `norm='post'` is BERT's x = LN(x + f(x)), `pre` is x = x + f(LN(x)).
 
-  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype, window: int = 0):
+  `attention_norm=False` (pre-LN only; ModernBERT's layer 0) feeds the attention x itself.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype, window: int = 0, attention_norm: bool = True):
     ka, km = jax.random.split(key)
     self.attention = Attention(cfg, ka, param_dtype, window)
-    self.attention_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype)
+    self.attention_norm = _norm(cfg, param_dtype) if attention_norm else None
     self.mlp = MLP(cfg, km, param_dtype)
-    self.mlp_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype)
+    self.mlp_norm = _norm(cfg, param_dtype)
     self.pre_norm = cfg.norm == "pre"
     self.dropout_rate = cfg.hidden_dropout
 
   def __call__(self, x, ctx, positions, dtype, key):
     keys = [None] * 4 if key is None else list(jax.random.split(key, 4))
     if self.pre_norm:
-      x = x + dropout(self.attention(self.attention_norm(x), ctx, positions, dtype, keys[0]),
-                      self.dropout_rate, keys[1])
+      normed = x if self.attention_norm is None else self.attention_norm(x)
+      x = x + dropout(self.attention(normed, ctx, positions, dtype, keys[0]), self.dropout_rate, keys[1])
       return x + dropout(self.mlp(self.mlp_norm(x), dtype), self.dropout_rate, keys[2])
     x = self.attention_norm(
         x + dropout(self.attention(x, ctx, positions, dtype, keys[0]), self.dropout_rate, keys[1]))
     return self.mlp_norm(x + dropout(self.mlp(x, dtype), self.dropout_rate, keys[2]))
 
 
-class LayerGroup(nnx.Module):
-  """`attention.group_size(cfg)` consecutive layers (a global one, then local ones): one scan step."""
+def make_layer(cfg: ml_collections.ConfigDict, i: int, key, param_dtype) -> Layer:
+  """Layer i: its attention window and, for ModernBERT's layer 0, no attention norm."""
+  first_norm = i > 0 or cfg.first_layer_attention_norm
+  return Layer(cfg, key, param_dtype, attention.layer_window(cfg, i), attention_norm=first_norm)
 
-  def __init__(self, cfg: ml_collections.ConfigDict, keys, param_dtype):
-    self.layers = nnx.List([Layer(cfg, keys[j], param_dtype, attention.layer_window(cfg, j))
+
+class LayerGroup(nnx.Module):
+  """`attention.group_size(cfg)` consecutive layers from layer `first` on: one scan step.
+
+  Every group has the same windows in the same order, since a layer's window depends on its index
+  modulo the group size only, and `first` (scan_layout.lead_layers) is the first layer after those
+  whose parameters differ from the rest (ModernBERT's layer 0 has no attention norm).
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, keys, param_dtype, first: int = 0):
+    self.layers = nnx.List([make_layer(cfg, first + j, keys[j], param_dtype)
                             for j in range(attention.group_size(cfg))])
 
   def __call__(self, x, ctx, positions, dtype, keys, pin):
@@ -218,8 +282,10 @@ class Encoder(nnx.Module):
   training step can run it on the gathered prediction slots only.
 
   With `scan_layers`, the layers are stacked in groups of `attention.group_size(cfg)` (a leading
-  `layers` axis, `layer_groups`) run by one lax.scan, and the num_layers % group_size last layers
-  are unrolled (`tail_layers`); mlm_jax/scan_layout.py converts between the two layouts.
+  `layers` axis, `layer_groups`) run by one lax.scan; layers before the groups whose parameters
+  differ from the rest (`lead_layers`: ModernBERT's layer 0, which has no attention norm) and the
+  ones after the last whole group (`tail_layers`) are unrolled; mlm_jax/scan_layout.py converts
+  between the two layouts.
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0):
@@ -227,8 +293,11 @@ class Encoder(nnx.Module):
       raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
     for field in ("positions", "norm", "mlp"):
       choices.check(f"model.{field}", cfg[field])
-    cfg = attention.with_defaults(cfg)
+    cfg = with_defaults(cfg)
     attention.validate_model_config(cfg)
+    if not cfg.first_layer_attention_norm and cfg.norm != "pre":
+      raise ConfigError("model.first_layer_attention_norm=False needs model.norm='pre' (a post-LN layer's "
+                        "attention norm is its residual LayerNorm)")
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)
     h, std = cfg.hidden_size, cfg.initializer_range
@@ -239,21 +308,22 @@ class Encoder(nnx.Module):
                                         "normal", std, pdt)
     if cfg.type_vocab_size > 0:
       self.token_type_embeddings = _param(keys[2], (cfg.type_vocab_size, h), (None, "embed"), "normal", std, pdt)
-    # Post-LN models normalize the embedding sum; pre-LN models normalize after the last layer.
-    self.embeddings_norm = LayerNorm(h, cfg.layer_norm_eps, pdt)
+    if cfg.embedding_norm:
+      self.embeddings_norm = _norm(cfg, pdt)
+    if final_norm_name(cfg):
+      setattr(self, final_norm_name(cfg), _norm(cfg, pdt))
+    layer_keys = keys[6:]
     if cfg.scan_layers:
-      g = attention.group_size(cfg)
-      n = cfg.num_layers // g
-      make = nnx.vmap(lambda k: LayerGroup(cfg, k, pdt), transform_metadata={nnx.PARTITION_NAME: "layers"})
-      self.layer_groups = make(keys[6:6 + n * g].reshape(n, g)) if n else None
-      self.tail_layers = nnx.List([Layer(cfg, keys[6 + i], pdt, attention.layer_window(cfg, i))
-                                   for i in range(n * g, cfg.num_layers)])
+      lead, n, g = scan_layout.layout(cfg)
+      self.lead_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead)])
+      make = nnx.vmap(lambda k: LayerGroup(cfg, k, pdt, lead), transform_metadata={nnx.PARTITION_NAME: "layers"})
+      self.layer_groups = make(layer_keys[lead:lead + n * g].reshape(n, g)) if n else None
+      self.tail_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead + n * g, cfg.num_layers)])
     else:
-      self.layers = nnx.List([Layer(cfg, keys[6 + i], pdt, attention.layer_window(cfg, i))
-                              for i in range(cfg.num_layers)])
+      self.layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(cfg.num_layers)])
     self.head_kernel = _param(keys[3], (h, h), ("embed", None), "normal", std, pdt)
-    self.head_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
-    self.head_norm = LayerNorm(h, cfg.layer_norm_eps, pdt)
+    self.head_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt) if cfg.head_bias else None
+    self.head_norm = _norm(cfg, pdt)
     self.decoder_bias = _param(None, (cfg.vocab_size,), ("vocab",), "zeros", 0.0, pdt)
     if cfg.use_pooler:
       self.pooler_kernel = _param(keys[4], (h, h), ("embed", None), "normal", std, pdt)
@@ -281,7 +351,7 @@ class Encoder(nnx.Module):
     x = x.astype(dtype)
     keys = [None] * (cfg.num_layers + 1) if dropout_key is None else list(
         jax.random.split(dropout_key, cfg.num_layers + 1))
-    if cfg.norm == "post":
+    if cfg.embedding_norm:
       x = self.embeddings_norm(x)
     x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
     mesh = None if activation_sharding is None else activation_sharding.mesh
@@ -289,17 +359,23 @@ class Encoder(nnx.Module):
     layer_fn = Layer.__call__
     if cfg.remat != "none":
       layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))
+    layer_keys = keys[1:]
     if cfg.scan_layers:
-      x = self._scan(x, ctx, positions, keys[1:], pin)
-    layers = self.tail_layers if cfg.scan_layers else self.layers
-    for layer, key in zip(layers, keys[len(keys) - len(layers):]):
+      lead, n, g = scan_layout.layout(cfg)
+      for layer, key in zip(self.lead_layers, layer_keys[:lead]):
+        x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
+      x = self._scan(x, ctx, positions, layer_keys[lead:lead + n * g], pin)
+      rest = zip(self.tail_layers, layer_keys[lead + n * g:])
+    else:
+      rest = zip(self.layers, layer_keys)
+    for layer, key in rest:
       x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
-    if cfg.norm == "pre":
-      x = self.embeddings_norm(x)
+    if final_norm_name(cfg):
+      x = getattr(self, final_norm_name(cfg))(x)
     return x
 
   def _scan(self, x, ctx, positions, keys, pin):
-    """The stacked groups in one lax.scan (remat'ed per group); keys are the layers' dropout keys."""
+    """The stacked groups in one lax.scan (remat'ed per group); keys are their layers' dropout keys."""
     if self.layer_groups is None:
       return x
     graphdef, params = nnx.split(self.layer_groups)
@@ -312,14 +388,14 @@ class Encoder(nnx.Module):
 
     if self.cfg.remat != "none":
       body = jax.checkpoint(body, policy=_remat_policy(self.cfg.remat), prevent_cse=False)
-    group_keys = None if keys[0] is None else jnp.stack(keys[:n * g]).reshape(n, g)
+    group_keys = None if keys[0] is None else jnp.stack(keys).reshape(n, g)
     x, _ = jax.lax.scan(body, x, (params, group_keys))
     return x
 
   def mlm_transform(self, hidden):
-    """The MLM head before the vocabulary projection: dense -> GELU -> LayerNorm."""
+    """The MLM head before the vocabulary projection: dense -> GELU -> LayerNorm (BERT and ModernBERT)."""
     dtype = self.dtype
-    y = gelu(hidden @ self.head_kernel[...].astype(dtype) + self.head_bias[...].astype(dtype))
+    y = gelu(_add_bias(hidden @ self.head_kernel[...].astype(dtype), self.head_bias, dtype))
     return self.head_norm(y)
 
   def mlm_logits(self, hidden):

@@ -2,9 +2,14 @@
 
 Unscanned (model.scan_layers=False), one entry per layer:
   layers.{i}.attention.q_kernel                      [H, N, D]
-Scanned, g = attention.group_size(cfg) layers per group, n = num_layers // g groups:
-  layer_groups.layers.{j}.attention.q_kernel         [n, H, N, D]   layer i = k * g + j at [k]
-  tail_layers.{t}.attention.q_kernel                 [H, N, D]      layer i = n * g + t
+Scanned, a = lead layers, g = attention.group_size(cfg) layers per group, n = (num_layers - a) // g groups:
+  lead_layers.{i}.attention.q_kernel                 [H, N, D]      layer i < a
+  layer_groups.layers.{j}.attention.q_kernel         [n, H, N, D]   layer i = a + k * g + j at [k]
+  tail_layers.{t}.attention.q_kernel                 [H, N, D]      layer i = a + n * g + t
+A lead layer is one whose parameters differ from the layers of its slot in the other groups (and so
+cannot be stacked with them): ModernBERT's layer 0, which has no attention norm. Unrolling it keeps
+every stacked parameter real (no unused norm kept only for homogeneity), and since a layer's window
+depends on its index modulo g only, the groups after it are still alike.
 Everything else (embeddings, head) is the same in both. Names are the dotted paths of
 mlm_jax/convert/hf.py (`flatten`), which both directions work on.
 """
@@ -18,23 +23,28 @@ import ml_collections
 from mlm_jax import attention
 
 
-def _counts(cfg: ml_collections.ConfigDict) -> tuple[int, int]:
+def layout(cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  """(lead layers a, groups n, layers per group g) of the scanned model of `cfg`."""
   g = attention.group_size(cfg)
-  return cfg.num_layers // g, g
+  lead = 0 if cfg.get("first_layer_attention_norm", True) else min(1, cfg.num_layers)
+  return lead, (cfg.num_layers - lead) // g, g
 
 
 def unscan_flat(flat: dict, cfg: ml_collections.ConfigDict) -> dict:
   """{scanned dotted name: array} -> {unscanned dotted name: array}."""
-  n, g = _counts(cfg)
+  a, n, g = layout(cfg)
   out = {}
   for name, x in flat.items():
+    lead = re.fullmatch(r"lead_layers\.(\d+)\.(.+)", name)
     grouped = re.fullmatch(r"layer_groups\.layers\.(\d+)\.(.+)", name)
     tail = re.fullmatch(r"tail_layers\.(\d+)\.(.+)", name)
-    if grouped:
+    if lead:
+      out[f"layers.{lead[1]}.{lead[2]}"] = x
+    elif grouped:
       j, rest = int(grouped[1]), grouped[2]
-      out.update({f"layers.{k * g + j}.{rest}": x[k] for k in range(n)})
+      out.update({f"layers.{a + k * g + j}.{rest}": x[k] for k in range(n)})
     elif tail:
-      out[f"layers.{n * g + int(tail[1])}.{tail[2]}"] = x
+      out[f"layers.{a + n * g + int(tail[1])}.{tail[2]}"] = x
     else:
       out[name] = x
   return out
@@ -42,7 +52,7 @@ def unscan_flat(flat: dict, cfg: ml_collections.ConfigDict) -> dict:
 
 def scan_flat(flat: dict, cfg: ml_collections.ConfigDict) -> dict:
   """{unscanned dotted name: array} -> {scanned dotted name: array} (stacked as numpy)."""
-  n, g = _counts(cfg)
+  a, n, g = layout(cfg)
   out, stacks = {}, {}
   for name, x in flat.items():
     layer = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
@@ -50,10 +60,12 @@ def scan_flat(flat: dict, cfg: ml_collections.ConfigDict) -> dict:
       out[name] = x
       continue
     i, rest = int(layer[1]), layer[2]
-    if i < n * g:
-      stacks.setdefault(f"layer_groups.layers.{i % g}.{rest}", [None] * n)[i // g] = x
+    if i < a:
+      out[f"lead_layers.{i}.{rest}"] = x
+    elif i < a + n * g:
+      stacks.setdefault(f"layer_groups.layers.{(i - a) % g}.{rest}", [None] * n)[(i - a) // g] = x
     else:
-      out[f"tail_layers.{i - n * g}.{rest}"] = x
+      out[f"tail_layers.{i - a - n * g}.{rest}"] = x
   out.update({name: np.stack([np.asarray(x) for x in xs]) for name, xs in stacks.items()})
   return out
 

@@ -126,6 +126,44 @@ def test_hf_to_ours_to_hf_folders(tmp_path, spm, arch):
   np.testing.assert_allclose(logits[real], ref_logits[real], atol=1e-4, rtol=0)
 
 
+def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
+  """from_hf and to_hf (the CLI) on a ModernBertForMaskedLM folder: the export loads in AutoModelForMaskedLM
+  with no missing or unexpected keys, and both it and our restored model give the original's logits."""
+  torch.manual_seed(0)
+  hcfg = transformers.ModernBertConfig(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+      global_attn_every_n_layers=2, local_attention=4, max_position_embeddings=40, pad_token_id=1, bos_token_id=0,
+      eos_token_id=2, cls_token_id=0, sep_token_id=2, attn_implementation="eager")
+  model = transformers.ModernBertForMaskedLM(hcfg).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name or name.endswith("bias"):
+        p.add_(0.1 * torch.randn_like(p))
+  src = _save_hf(model, tmp_path / "hf", spm["xlmr"])
+  assert convert_checkpoint.main(["from_hf", f"--hf_dir={src}", f"--out={tmp_path / 'ours'}"]) == 0
+  assert f"--config.init_from={tmp_path / 'ours'}" in capsys.readouterr().out   # all it takes to continue
+  from mlm_jax import checkpoint
+  assert checkpoint.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
+  assert convert_checkpoint.main(["to_hf", f"--workdir={tmp_path / 'ours'}", f"--out={tmp_path / 'back'}"]) == 0
+  assert "(modernbert, step 0)" in capsys.readouterr().out
+  reloaded, info = transformers.AutoModelForMaskedLM.from_pretrained(
+      str(tmp_path / "back"), output_loading_info=True, attn_implementation="eager")
+  assert type(reloaded) is type(model)
+  assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+  assert reloaded.config.layer_types == hcfg.layer_types and reloaded.config.local_attention == 4
+
+  ids, mask, _ = _padded_batch("modernbert", 1)
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    got_hf = reloaded.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  lm = inference.from_workdir(str(tmp_path / "ours"))
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  hidden = lm.model(jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions, jnp.int32))
+  real = mask.astype(bool)
+  np.testing.assert_array_equal(got_hf[real], want[real])
+  np.testing.assert_allclose(np.asarray(lm.model.mlm_logits(hidden))[real], want[real], atol=1e-4, rtol=0)
+
+
 def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   """checkpoint.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
   from mlm_jax import checkpoint, step

@@ -158,3 +158,88 @@ def test_mlm_loss_matches_transformers(arch):
                 attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types),
                 labels=torch.tensor(labels)).loss.item()
   assert abs(ours_loss - ref) < 1e-4, (ours_loss, ref)
+
+
+# ---- ModernBERT: 5 layers, global every 3 (layers 0 and 3), 8-token windows (|i - j| <= 4) ----
+def _modernbert(biases: bool):
+  torch.manual_seed(0)
+  cfg = transformers.ModernBertConfig(
+      vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
+      global_attn_every_n_layers=3, local_attention=8, max_position_embeddings=64, global_rope_theta=1000.0,
+      local_rope_theta=50.0, pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0, sep_token_id=2,
+      attention_bias=biases, mlp_bias=biases, norm_bias=biases, classifier_bias=biases,
+      attn_implementation="eager")
+  model = transformers.ModernBertForMaskedLM(cfg)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("bias") or "norm" in name:
+        p.add_(0.1 * torch.randn_like(p))
+      if name.endswith("Wqkv.weight"):   # peaked attention, so that positions and windows show in the logits
+        p.mul_(6.0)
+  return model.eval(), cfg
+
+
+def _ours_from(model, hcfg, **overrides):
+  from mlm_jax import step
+  cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
+  cfg.update(overrides)
+  graphdef, template = step.abstract_model(cfg)
+  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  return nnx.merge(graphdef, hf.params_from_hf(sd, cfg, "modernbert", template)), cfg, sd
+
+
+@nnx.jit
+def _logits(model, ids, seg, pos):   # one compile per model and shape is cheaper than op-by-op dispatch
+  return model.mlm_logits(model(ids, seg, pos))
+
+
+def _ours_logits(ours, ids, seg, pos):
+  return np.asarray(_logits(ours, jnp.asarray(ids, jnp.int32), jnp.asarray(seg, jnp.int32), jnp.asarray(pos, jnp.int32)))
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_modernbert_logits_match_transformers_padded_and_packed(biases):
+  """Padded rows against HF with its attention mask; packed rows (documents with their own segment ids
+  and positions from 0) against HF run on each document alone; the scanned model on the packed rows."""
+  model, hcfg = _modernbert(biases)
+  ours, cfg, _ = _ours_from(model, hcfg)
+  assert (cfg.global_attention_every, cfg.local_window, cfg.rope_theta, cfg.rope_theta_local) == (3, 8, 1000.0, 50.0)
+  rng = np.random.default_rng(1)
+
+  lengths = [20, 13, 5]
+  ids = np.ones((3, 20), np.int64)
+  mask = np.zeros((3, 20), np.int64)
+  for i, n in enumerate(lengths):
+    ids[i, :n], mask[i, :n] = rng.integers(3, 101, n), 1
+  with torch.no_grad():
+    ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  pos = np.broadcast_to(np.arange(20), ids.shape)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(_ours_logits(ours, ids, mask, pos)[real], ref[real], atol=1e-4, rtol=0)
+
+  rows = [[11, 6, 2], [14, 5]]   # documents per row; the first row ends in one padding token
+  ids, seg, pos = np.ones((2, 20), np.int64), np.zeros((2, 20), np.int64), np.zeros((2, 20), np.int64)
+  refs = []
+  for r, docs in enumerate(rows):
+    start = 0
+    for d, n in enumerate(docs):
+      doc = rng.integers(3, 101, n)
+      ids[r, start:start + n], seg[r, start:start + n], pos[r, start:start + n] = doc, d + 1, np.arange(n)
+      with torch.no_grad():
+        refs.append(((r, start, n), model(input_ids=torch.tensor(doc[None])).logits.numpy()[0]))
+      start += n
+  scanned, _, _ = _ours_from(model, hcfg, scan_layers=True)
+  for got in (_ours_logits(ours, ids, seg, pos), _ours_logits(scanned, ids, seg, pos)):
+    for (r, start, n), want in refs:
+      np.testing.assert_allclose(got[r, start:start + n], want, atol=1e-4, rtol=0)
+
+
+def test_modernbert_hf_to_ours_to_hf_is_exact():
+  """Fused Wqkv / Wi split on import and joined on export, bit for bit, scanned or not."""
+  model, hcfg = _modernbert(biases=True)
+  for scan in (False, True):
+    ours, cfg, sd = _ours_from(model, hcfg, scan_layers=scan)
+    back = hf.params_to_hf(nnx.state(ours, nnx.Param), cfg, "modernbert")
+    assert set(sd) - set(back) == {"decoder.weight"}, set(sd) ^ set(back)   # tied to the word embeddings
+    for name, value in back.items():
+      np.testing.assert_array_equal(value, sd[name], err_msg=name)

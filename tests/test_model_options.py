@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+import ml_collections
 
 from mlm_jax.defaults import default_config
 from mlm_jax.model import Encoder, dropout
@@ -106,3 +107,21 @@ def test_bad_model_config_is_named():
     Encoder(_cfg(norm="mid"))
   with pytest.raises(ValueError, match="not divisible by model.num_heads=5"):
     Encoder(_cfg(num_heads=5))
+
+
+def test_modernbert_switches_and_the_pre_ln_layout_of_older_configs():
+  """The switches remove exactly their parameters; a pre-LN config.json from before `embedding_norm` (no such
+  key) builds the model it described: no embedding norm, its final norm still named `embeddings_norm`."""
+  from mlm_jax import step
+  names = lambda cfg: {".".join(map(str, p)) for p, _ in nnx.to_flat_state(step.abstract_model(cfg)[1])}
+  modern = names(_cfg(norm="pre", embedding_norm=True, attention_bias=False, mlp_bias=False, norm_bias=False,
+                              head_bias=False, first_layer_attention_norm=False, mlp="geglu"))
+  assert {"embeddings_norm.scale", "final_norm.scale", "layers.1.attention_norm.scale", "decoder_bias"} <= modern
+  assert not [n for n in modern if n.endswith("bias") and n != "decoder_bias"], modern
+  assert not [n for n in modern if n.startswith("layers.0.attention_norm")]
+  old = {k: v for k, v in _cfg(norm="pre").to_dict().items() if k not in ("embedding_norm", "first_layer_attention_norm")}
+  legacy = names(ml_collections.ConfigDict(old))
+  assert "embeddings_norm.scale" in legacy and not [n for n in legacy if n.startswith("final_norm")]
+  assert "layers.0.attention_norm.bias" in legacy
+  with pytest.raises(ValueError, match="first_layer_attention_norm=False needs model.norm='pre'"):
+    Encoder(_cfg(first_layer_attention_norm=False))

@@ -112,3 +112,34 @@ def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch):
       if losses[-1] < 1.0 and len(losses) > 2 and losses[-2] < 1.0:
         break
   assert losses[0] > 3.0 and min(losses) < 1.0, losses
+
+
+def test_modernbert_config_shrunk_learns(batch):
+  """configs/modernbert_base.py:extend with its model switches, scanned layers (layer 0 unrolled), WSD schedule
+  (constant, then 1-sqrt decay) and update clipping, shrunk to 4 layers of width 32: 20 steps on real text
+  lower the MLM loss. The pretrain phase differs in numbers only (checked here)."""
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "modernbert_base.py"
+  spec = importlib.util.spec_from_file_location("modernbert_base", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  first, c = module.get_config("pretrain"), module.get_config("extend")
+  assert (first.data.seq_len, first.model.rope_theta, first.optimizer.decay_fraction) == (1024, 10_000.0, 0.0)
+  assert (c.data.seq_len, c.model.rope_theta, c.model.rope_theta_local) == (8192, 160_000.0, 10_000.0)
+  assert c.model.scan_layers and c.optimizer.schedule == "wsd" and c.optimizer.update_clip_rms == 1.0
+  c.model.update(dict(vocab_size=textdata.VOCAB, hidden_size=32, num_heads=2, intermediate_size=48, num_layers=4,
+                      local_window=16, dtype="float32"))
+  c.masking.update(dict(mask_id=textdata.MASK, special_ids=textdata.SPECIALS))
+  c.optimizer.learning_rate = 1e-2
+  c.train.update(dict(steps=20, batch_size=8))
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  state = tr.init()
+  assert "lead_layers" in state.params and "final_norm" in state.params
+  b = jax.device_put(batch, tr.batch_sharding)
+  losses = []
+  for _ in range(c.train.steps):
+    state, m = tr.train_step(state, b, jax.random.key(0))
+    losses.append(float(m["loss_sum"] / m["num_predictions"]))
+  assert np.isfinite(losses).all() and np.mean(losses[-4:]) < np.mean(losses[:4]) - 1.0, losses

@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""Convert checkpoints between mlm_jax and Hugging Face transformers (BERT / RoBERTa / XLM-R masked LMs).
+"""Convert checkpoints between mlm_jax and Hugging Face transformers (BERT / RoBERTa / XLM-R / ModernBERT masked LMs).
 
-  python tools/convert_checkpoint.py to_hf --workdir=DIR [--step=N] --out=HF_DIR [--arch=bert|roberta|xlm-roberta]
+  python tools/convert_checkpoint.py to_hf --workdir=DIR [--step=N] --out=HF_DIR [--arch=bert|roberta|xlm-roberta|modernbert]
   python tools/convert_checkpoint.py from_hf --hf_dir=HF_DIR --out=DIR [--tokenizer=spm.model]
 
 to_hf writes config.json, model.safetensors and tokenizer files (tokenizer.json and friends, plus
 the sentencepiece model) that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
 `pipeline("fill-mask")` load, with exactly our token ids. It runs on one CPU whatever mesh wrote
-the checkpoint. --arch defaults to bert for models with positions from 0, else xlm-roberta.
+the checkpoint. --arch defaults to modernbert for a model of ModernBERT's structure (pre-LN, rotary,
+GeGLU, embedding norm, no attention norm in layer 0), else bert for models with positions from 0,
+else xlm-roberta.
 
 from_hf reads a transformers folder (model.safetensors; a pytorch_model.bin only with
 torch.load(weights_only=True)) and writes DIR/config.json, DIR/checkpoints/0 and, when the folder
@@ -34,7 +36,7 @@ def _parser():
   t.add_argument("--workdir", required=True, help="training workdir (or a from_hf output folder)")
   t.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
   t.add_argument("--out", required=True, help="output folder for the transformers model")
-  t.add_argument("--arch", default=None, help="bert | roberta | xlm-roberta (default: from the model)")
+  t.add_argument("--arch", default=None, help="bert | roberta | xlm-roberta | modernbert (default: from the model)")
   t.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
   f = sub.add_parser("from_hf", help="transformers folder -> checkpoint for config.init_from")
   f.add_argument("--hf_dir", required=True, help="folder with config.json and model.safetensors")

@@ -6,7 +6,7 @@
   config.json, model.safetensors (never pickle) and tokenizer files (hf_tokenizer.py) that
   `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained` load. Parameters are restored onto one
   device whatever mesh wrote them, so a pod checkpoint converts on a laptop CPU.
-* `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R masked LM (safetensors, or a
+* `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R / ModernBERT masked LM (safetensors, or a
   pytorch_model.bin read with `torch.load(weights_only=True)`) -> OUT/config.json, an orbax
   checkpoint at OUT/checkpoints/0 whose 'state' item has our `params` subtree (what
   `config.init_from` / `checkpoint.load_params` reads) and OUT/tokenizer/spm.model when the folder
@@ -30,7 +30,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import errors
-from mlm_jax.convert import hf, hf_tokenizer
+from mlm_jax.convert import hf, hf_tokenizer, modernbert
 from mlm_jax.data import tokenizer as tok_lib
 
 _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
@@ -40,7 +40,10 @@ ConversionError = errors.ConversionError
 
 
 def default_arch(model_cfg: ml_collections.ConfigDict) -> str:
-  """BERT when positions start at 0, else XLM-R (RoBERTa's code with a sentencepiece vocabulary)."""
+  """ModernBERT for a model of its structure; else BERT when positions start at 0, else XLM-R
+  (RoBERTa's code with a sentencepiece vocabulary)."""
+  if modernbert.is_modernbert(model_cfg):
+    return modernbert.ARCH
   return "bert" if model_cfg.position_offset == 0 else "xlm-roberta"
 
 
@@ -69,7 +72,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     raise ConversionError(str(e)) from None
   _, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
   state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.params_to_hf(params, mcfg, arch).items()}
-  if mcfg.type_vocab_size == 0:
+  if mcfg.type_vocab_size == 0 and arch != modernbert.ARCH:
     # Our model has no token types; transformers always adds one: a zero row changes nothing.
     prefix = "bert" if arch == "bert" else "roberta"
     state_dict[f"{prefix}.embeddings.token_type_embeddings.weight"] = np.zeros((1, mcfg.hidden_size), np.float32)
@@ -155,6 +158,8 @@ def read_hf_weights(hf_dir: str) -> tuple[dict, str]:
 
 def _canonical_names(sd: dict, arch: str) -> dict:
   """Older checkpoints' spellings (LayerNorm gamma/beta, the MLM bias under `decoder`) -> today's."""
+  if arch not in hf.ARCHS[:3]:   # the BERT family's table (ModernBERT has its own names)
+    return dict(sd)
   out = {}
   prefix = "bert" if arch == "bert" else "roberta"
   if not any(k.startswith(prefix + ".") for k in sd):   # saved from a base model (BertModel): no prefix
@@ -239,6 +244,8 @@ _HEAD = ("head_kernel", "head_bias", "head_norm.scale", "head_norm.bias", "decod
 def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> bool:
   """A base-model checkpoint (sentence-transformers: BertModel, no MLM head) gets a freshly initialized
   head, as transformers' *ForMaskedLM.from_pretrained would; returns whether it did."""
+  if arch not in hf.ARCHS[:3]:
+    return False   # ModernBERT: its converter names every tensor it needs
   rows = [(ours, theirs, to_hf) for ours, theirs, _, to_hf in hf.mapping(mcfg, arch) if ours in _HEAD]
   if any(theirs in sd for _, theirs, _ in rows):
     return False

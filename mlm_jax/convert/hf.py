@@ -1,5 +1,8 @@
 """Weight-name mapping between mlm_jax's Encoder and Hugging Face BERT / RoBERTa / XLM-R masked LMs.
 
+ModernBERT, whose checkpoint fuses projections that we keep apart, has its own module
+(convert/modernbert.py); the functions here hand `arch='modernbert'` to it.
+
 One table says where every tensor goes; both directions use it, so HF -> ours -> HF is exact by
 construction and the parity tests (tests/test_model_hf_parity.py) check the arithmetic.
 
@@ -17,20 +20,23 @@ import ml_collections
 
 from mlm_jax import scan_layout
 from mlm_jax.checkpoint import path_name
+from mlm_jax.convert import modernbert
 from mlm_jax.errors import ConversionError
 
-ARCHS = ("bert", "roberta", "xlm-roberta")
+ARCHS = ("bert", "roberta", "xlm-roberta", modernbert.ARCH)
 
 
 def _prefix(arch: str) -> str:
-  if arch not in ARCHS:
-    raise ConversionError(f"unknown architecture {arch!r}: expected one of {ARCHS}")
+  if arch not in ARCHS or arch == modernbert.ARCH:
+    raise ConversionError(f"unknown architecture {arch!r} for the BERT table: expected one of {ARCHS[:3]}")
   return "bert" if arch == "bert" else "roberta"
 
 
 def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Our `config.model` for an HF config dict (config.json); `base` supplies the non-HF fields."""
   arch = arch_from_hf(hf)
+  if arch == modernbert.ARCH:
+    return modernbert.model_config_from_hf(hf, base)
   cfg = ml_collections.ConfigDict(base.to_dict())
   act = hf.get("hidden_act", "gelu")
   if act != "gelu":
@@ -51,6 +57,8 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
   cfg.initializer_range = float(hf.get("initializer_range", 0.02))
   cfg.position_offset = 0 if arch == "bert" else int(hf.get("pad_token_id", 1)) + 1
   cfg.positions, cfg.norm, cfg.mlp = "learned", "post", "gelu"
+  from mlm_jax import model
+  cfg.update({k: True for k in (*model.MODEL_FIELDS, "embedding_norm")})   # every bias and norm
   return cfg
 
 
@@ -64,10 +72,17 @@ def arch_from_hf(hf: Mapping) -> str:
 def hf_config(cfg: ml_collections.ConfigDict, arch: str, pad_token_id: int, bos_token_id: int | None = None,
               eos_token_id: int | None = None) -> dict:
   """An HF config.json dict for our `config.model` (post-LN, learned positions, GELU models only)."""
+  if arch == modernbert.ARCH:
+    return modernbert.hf_config(cfg, pad_token_id, bos_token_id, eos_token_id)
   _prefix(arch)
   if cfg.positions != "learned" or cfg.norm != "post" or cfg.mlp != "gelu":
     raise ConversionError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no "
                           f"{arch} equivalent in transformers: expected learned / post / gelu")
+  from mlm_jax import model
+  switched_off = [k for k in (*model.MODEL_FIELDS, "embedding_norm") if not model.with_defaults(cfg)[k]]
+  if switched_off:
+    raise ConversionError(f"model.{switched_off[0]}=False has no {arch} equivalent in transformers (its layers "
+                          "all have biases and norms)")
   if arch != "bert" and cfg.position_offset != pad_token_id + 1:
     raise ConversionError(f"model.position_offset={cfg.position_offset}: {arch} needs pad_token_id + 1 = "
                           f"{pad_token_id + 1}")
@@ -183,6 +198,9 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], cfg: ml_collections.Con
   Each HF tensor's shape is compared with the one the config implies before it is reshaped, so a
   mismatch names both the HF tensor and our parameter instead of failing inside a reshape.
   """
+  if arch == modernbert.ARCH:
+    flat = modernbert.tensors_to_ours(state_dict, cfg)
+    return fill(template, scan_layout.scan_flat(flat, cfg) if cfg.get("scan_layers") else flat)
   shapes = {path_name(path): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(template)}
   if cfg.get("scan_layers"):
     shapes = {name: x.shape for name, x in scan_layout.unscan_flat(
@@ -206,5 +224,7 @@ def params_to_hf(params, cfg: ml_collections.ConfigDict, arch: str) -> dict[str,
   flat = flatten(params)
   if cfg.get("scan_layers"):
     flat = scan_layout.unscan_flat(flat, cfg)
+  if arch == modernbert.ARCH:
+    return modernbert.tensors_to_hf(flat, cfg)
   out = {theirs: np.ascontiguousarray(to_hf(flat[ours])) for ours, theirs, _, to_hf in mapping(cfg, arch)}
   return out
