@@ -17,6 +17,8 @@ CHOICES = {
     "model.remat": ("none", "full", "dots"),
     "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
     "masking.mode": ("token", "whole_word", "span"),
+    "masking.mask_rate_schedule_mode": ("constant", "linear"),
+    "objective": ("mlm", "mlm+nsp", "mlm+sop"),
     "optimizer.schedule": ("linear", "cosine", "constant"),
     "train.nonfinite": ("skip", "stop"),
     "data.doc_format": ("line", "blank_line"),
@@ -39,6 +41,9 @@ def check(key: str, value) -> None:
 def check_config(config) -> None:
   """Check every choice field that `config` has (pretraining and fine-tuning configs alike)."""
   for key in CHOICES:
-    section, field = key.split(".")
-    if section in config and field in config[section]:
+    section, _, field = key.rpartition(".")
+    if not section:
+      if key in config:
+        check(key, config[key])
+    elif section in config and field in config[section]:
       check(key, config[section][field])

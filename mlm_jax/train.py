@@ -91,9 +91,14 @@ class PipelineInput:
     return next(self.pipeline)
 
   def metrics(self) -> dict:
-    """A token store's per-source epochs and tokens consumed (global), for the log line."""
-    sources = self.pipeline.stats().get("sources", {}) if hasattr(self.pipeline, "stats") else {}
-    return {f"data/{name}/{k}": float(s[k]) for name, s in sources.items() for k in ("epochs", "tokens")}
+    """A token store's per-source epochs, tokens and current weight (global), its mixing phase and
+    alpha under a curriculum, and a pair stream's counts, for the log line."""
+    stats = self.pipeline.stats() if hasattr(self.pipeline, "stats") else {}
+    out = {f"data/{name}/{k}": float(s[k]) for name, s in stats.get("sources", {}).items()
+           for k in ("epochs", "tokens", "weight") if k in s}
+    out.update({f"data/{k}": float(v) for k, v in stats.items() if k in ("mix_alpha", "phase")})
+    out.update({f"data/{k}": float(v) for k, v in stats.get("pairs", {}).items()})
+    return out
 
   def get_state(self) -> dict:
     return self.pipeline.get_state()
