@@ -135,6 +135,8 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str):
     sharding.sync_processes("demo_corpus")
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
+  if config.objective != "mlm":   # NSP / SOP: BERT's pooler and a 2-way head on it
+    config.model.use_pooler = config.model.sentence_head = True
   bind_platform(config, jax.default_backend())
   check(config)
   return freeze(config), tok

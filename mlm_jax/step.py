@@ -98,6 +98,14 @@ class MLM:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
 
 
+def make_objective(config: ml_collections.ConfigDict):
+  """The pretraining objective named by config.objective (default 'mlm')."""
+  if config.get("objective", "mlm") in ("mlm+nsp", "mlm+sop"):
+    from mlm_jax.sentence_objective import MLMWithSentenceHead
+    return MLMWithSentenceHead(config)
+  return MLM(config)
+
+
 def _microbatches(batch, n):
   return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
 
@@ -129,7 +137,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
                  objective=None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
   """Init, shardings and the jitted steps for a model and an objective (default: the encoder and MLM)."""
   mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
-  objective = objective if objective is not None else MLM(config)
+  objective = objective if objective is not None else make_objective(config)
   make_model = make_model or (lambda: Encoder(config.model, seed=config.seed))
   accum = int(config.optimizer.grad_accum_steps)
   total_steps = int(config.train.steps)

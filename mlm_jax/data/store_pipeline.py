@@ -155,8 +155,7 @@ class StorePipeline:
         if full in labels:
           raise DataError(f"two data.sources entries both give source {full!r}: name them")
         labels.add(full)
-        streams.append(_Stream(full, store, name, self.split, c.seq_len, c.packing, seed,
-                               len(streams), cache_dir))
+        streams.append(self._stream(full, store, name, c, seed, len(streams), cache_dir))
     vocab = {s.store.manifest["tokenizer"]["sha256"] for s in streams}
     if len(vocab) > 1:
       raise DataError(f"the stores of data.sources were prepared with {len(vocab)} different "
@@ -165,6 +164,9 @@ class StorePipeline:
     if empty and (self.split == "train" or len(empty) == len(streams)):
       raise DataError(f"store source(s) {empty} have no {self.split} documents")
     return streams
+
+  def _stream(self, label, store, name, c, seed, salt, cache_dir):
+    return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir)
 
   def _init_mixing(self, c):
     from mlm_jax.data.pipeline import mixing_weights
@@ -227,6 +229,15 @@ class StorePipeline:
       starts = np.concatenate([[0], self._eval_ends])
       packed = np.where(valid, rows - starts[np.minimum(src, len(self.streams) - 1)], -1)
       return np.where(valid, src, -1), packed
+    src, k = self._positions(rows)
+    packed = np.empty_like(k)
+    for i in np.unique(src):
+      sel = src == i
+      packed[sel] = self.streams[i].packed_rows(k[sel])
+    return src, packed
+
+  def _positions(self, rows: np.ndarray):
+    """Train rows -> (stream index, the row's position k in that stream, over all epochs)."""
     src, k = np.empty_like(rows), np.empty_like(rows)
     phase = self._phase_of(rows)
     for p in np.unique(phase):
@@ -235,11 +246,7 @@ class StorePipeline:
       slot_source, slot_rank = self._patterns[p]
       src[sel] = slot_source[slot]
       k[sel] = self._phase_offsets[p][src[sel]] + block * self.phase_quotas[p][src[sel]] + slot_rank[slot]
-    packed = np.empty_like(k)
-    for i in np.unique(src):
-      sel = src == i
-      packed[sel] = self.streams[i].packed_rows(k[sel])
-    return src, packed
+    return src, k
 
   # -- rows -> batch -----------------------------------------------------------------------
   def _assemble(self, src: np.ndarray, packed: np.ndarray) -> dict:
