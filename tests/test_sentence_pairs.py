@@ -162,3 +162,69 @@ def test_nsp_head_and_loss_match_bert_for_pretraining():
   assert float(sums["sentence_loss_sum"]) / b == pytest.approx(nsp, abs=1e-4)
   # BERT's pretraining loss: mean MLM + mean NSP, which our summed loss / predictions is
   assert float(total) / float(sums["num_predictions"]) == pytest.approx(out.loss.item(), abs=1e-4)
+
+
+def _train(workdir, store_dir, steps=6):
+  import subprocess
+  from subproc import REPO, cpu_env
+  cmd = [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
+         "--config.demo_corpus=False", f"--config.data.sources=('store:{store_dir}',)", "--config.objective=mlm+nsp",
+         "--config.masking.mask_rate_schedule=('0:0.3','3:0.15')", "--config.data.seq_len=64",
+         "--config.model.hidden_size=32", "--config.model.num_layers=1", "--config.model.num_heads=2",
+         "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=64",
+         "--config.model.position_offset=0", "--config.model.type_vocab_size=2", "--config.model.layer_norm_eps=1e-12",
+         "--config.train.batch_size=16", f"--config.train.steps={steps}", "--config.train.log_every=1",
+         "--config.train.eval_every=1000", "--config.train.eval_batches=1", "--config.train.eval_at_start=False",
+         "--config.train.save_every=3", "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2"]
+  return subprocess.run(cmd, cwd=REPO, env=cpu_env(1), capture_output=True, text=True, timeout=600)
+
+
+def _lines(workdir):
+  return {d["step"]: d for d in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines()) if "loss" in d}
+
+
+def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp_path):
+  """The real binary: pairs, head, schedule logged; a run continued from its step-3 checkpoint (as
+  after kill -9) logs the same losses and mask rates; to_hf gives a BertForPreTraining whose NSP
+  logits are ours (1e-4)."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  full = tmp_path / "full"
+  p = _train(full, bert_store)
+  assert p.returncode == 0, p.stderr[-3000:]
+  lines = _lines(full)
+  assert [lines[s]["mask_rate"] for s in (1, 3, 4, 6)] == [0.3, 0.3, 0.15, 0.15]   # value of the step run
+  assert all(0 <= lines[s]["sentence_accuracy"] <= 1 for s in lines) and lines[6]["data/pairs"] > 0
+  assert "data/single_sentence_docs_skipped" in lines[6]
+  evals = [json.loads(l) for l in (full / "metrics.jsonl").read_text().splitlines() if "eval_loss" in l]
+  assert evals and "eval_sentence_accuracy" in evals[-1]
+
+  resumed = tmp_path / "resumed"
+  shutil.copytree(full / "checkpoints" / "3", resumed / "checkpoints" / "3")
+  p = _train(resumed, bert_store)
+  assert p.returncode == 0 and "resuming from step 3" in p.stderr, p.stderr[-3000:]
+  again = _lines(resumed)
+  for s in (4, 5, 6):
+    for k in ("loss", "sentence_loss", "mask_rate"):
+      assert abs(again[s][k] - lines[s][k]) <= 1e-5, (s, k, again[s][k], lines[s][k])
+
+  from flax import nnx
+  from mlm_jax import checkpoint
+  from mlm_jax.convert import checkpoint_io
+  out = tmp_path / "hf"
+  summary = checkpoint_io.to_hf(str(full), str(out))
+  assert summary["arch"] == "bert" and "note" not in summary
+  assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
+  theirs = transformers.BertForPreTraining.from_pretrained(str(out)).eval()
+  cfg = checkpoint.read_config(str(full))
+  graphdef, params, _ = checkpoint.restore_model(str(full), cfg.model)
+  ours = nnx.merge(graphdef, params)
+  b = next(sentence_pairs.PairPipeline(_cfg(bert_store), "mlm+nsp", 8, seed=1, split="eval",
+                                       cache_dir=str(tmp_path / "idx")))
+  mask = b["segment_ids"] > 0
+  hidden = ours(jnp.asarray(b["input_ids"]), jnp.asarray(b["segment_ids"]), jnp.asarray(b["positions"]),
+                jnp.asarray(b["token_type_ids"]))
+  with torch.no_grad():
+    ref = theirs(input_ids=torch.from_numpy(b["input_ids"]).long(), attention_mask=torch.from_numpy(mask).long(),
+                 token_type_ids=torch.from_numpy(b["token_type_ids"]).long())
+  np.testing.assert_allclose(np.asarray(ours.sentence_logits(hidden)), ref.seq_relationship_logits.numpy(), atol=1e-4)
