@@ -123,6 +123,12 @@ def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
                       f"{tok.model_path} ({tok.vocab_size} pieces)")
 
 
+def bind_objective(config: ml_collections.ConfigDict) -> None:
+  """NSP / SOP (config.objective) train BERT's pooler and a 2-way sentence head on it."""
+  if config.objective != "mlm":
+    config.model.use_pooler = config.model.sentence_head = True
+
+
 def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str):
   """(frozen config, tokenizer) for `mlm_jax.train`; writes the demo corpus / trains the tokenizer once."""
   config = _copy(config)
@@ -135,8 +141,7 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str):
     sharding.sync_processes("demo_corpus")
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
-  if config.objective != "mlm":   # NSP / SOP: BERT's pooler and a 2-way head on it
-    config.model.use_pooler = config.model.sentence_head = True
+  bind_objective(config)
   bind_platform(config, jax.default_backend())
   check(config)
   return freeze(config), tok
@@ -158,6 +163,7 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
   if not config.masking.special_ids:
     config.masking.special_ids = (0, 1, 2, 3)
     notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
+  bind_objective(config)
   bind_platform(config, platform)
   notes.append(f"attention: {config.model.attention_impl}")
   check(config)
