@@ -79,3 +79,21 @@ def test_staged_source_and_alpha_phases_resume_exactly(store, tmp_path):  # noqa
     _pipe(c, tmp_path, batch=4).set_state(state)
   with pytest.raises(DataError, match="names unknown sources"):
     _pipe(_cfg(store, tmp_path, source_start_steps=("fr=3",)), tmp_path)
+
+
+def test_mmbert_like_config_phases():
+  import importlib.util
+  from subproc import REPO
+  spec = importlib.util.spec_from_file_location("mmbert_like", REPO / "configs" / "mmbert_like.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  for size, (p2, p3) in (("demo", (100, 200)), ("base", (770_000, 970_000))):
+    c = mod.get_config(size)
+    bounds, phases = schedules.data_phases(c.data)
+    assert bounds.tolist() == [0, p2, p3]
+    assert [a for a, _ in phases] == [0.7, 0.5, 0.3]
+    assert [len(w) for _, w in phases] == [6, 3, 0] and phases[1][1] == {"bn", "hy", "mr"}
+    assert [schedules.mask_rate(c.masking, s) for s in (0, p2 - 1, p2, p3)] == [0.3, 0.3, 0.15, 0.05]
+    assert masking.max_predictions(c.masking, c.data.seq_len, "cpu") == -(-3 * c.data.seq_len // 10)
+    assert {s.split("=")[0] for s in mod.SOURCES} == set(mod.STAGES[0] + mod.STAGES[1]) | {
+        "en", "de", "fr", "es", "it", "ru", "zh", "ja"}

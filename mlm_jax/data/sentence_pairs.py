@@ -250,6 +250,10 @@ class PairPipeline(store_pipeline.StorePipeline):
       self._epochs = k // np.asarray([s.rows for s in self.streams], np.int64)[src]
     return src, packed
 
+  def rewind(self) -> None:
+    super().rewind()
+    self._pairs = dict.fromkeys(self._pairs, 0)
+
   def stats(self) -> dict:
     """The store pipeline's, plus per source the documents skipped (one sentence) and this process's
     pair counts."""
