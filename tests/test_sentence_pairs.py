@@ -228,3 +228,27 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
     ref = theirs(input_ids=torch.from_numpy(b["input_ids"]).long(), attention_mask=torch.from_numpy(mask).long(),
                  token_type_ids=torch.from_numpy(b["token_type_ids"]).long())
   np.testing.assert_allclose(np.asarray(ours.sentence_logits(hidden)), ref.seq_relationship_logits.numpy(), atol=1e-4)
+
+
+def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(tok, tmp_path):  # noqa: F811
+  """No transformers class has XLM-R + a sentence head: the MLM model is written, and the note says so."""
+  from mlm_jax import checkpoint, loop, resolve, sharding, step
+  from mlm_jax.convert import checkpoint_io
+  from mlm_jax.defaults import default_config
+  c = default_config()
+  c.objective = "mlm+sop"
+  c.data.tokenizer, c.data.seq_len = tok.model_path, 16
+  c.model.update(dict(vocab_size=tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                      max_position_embeddings=18, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5))
+  resolve.bind_objective(c)
+  trainer = step.make_trainer(c, sharding.make_mesh(c.mesh))
+  ck = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  ck.save(1, trainer.init(), {})
+  ck.wait()
+  loop.write_config(c, str(tmp_path))
+  summary = checkpoint_io.to_hf(str(tmp_path), str(tmp_path / "hf"))
+  assert summary["arch"] == "xlm-roberta" and "sentence (NSP/SOP) head was dropped" in summary["note"]
+  hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert hf_cfg["architectures"] == ["XLMRobertaForMaskedLM"]
+  from safetensors.numpy import load_file
+  assert not [k for k in load_file(str(tmp_path / "hf" / "model.safetensors")) if "seq_relationship" in k]
