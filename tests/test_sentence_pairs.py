@@ -49,6 +49,8 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objecti
   labels = np.concatenate([next(pipe)["sentence_labels"] for _ in range(10)])
   stats = pipe.stats()
   assert stats["pairs"]["pairs"] == 10_000 and abs(labels.mean() - 0.5) <= 0.02, labels.mean()
+  de = stats["sources"]["de"]   # the logged estimate (rows x mean pair length) against the tokens read
+  assert abs(de["tokens"] / de["tokens_local"] - 1) < 0.05, de
   # one-sentence documents: skipped, and counted exactly
   st = store_lib.Store(bert_store)
   n = st.lengths("de", "train").size

@@ -38,8 +38,8 @@ from mlm_jax.data.sources import DataError
 
 OBJECTIVES = {"mlm+nsp": "nsp", "mlm+sop": "sop"}
 FEATURES = store_pipeline.FEATURES + ("token_type_ids", "sentence_labels")
-INDEX_VERSION = 1
-_ARRAYS = ("chunk_doc", "chunk_first", "chunk_end", "doc_sentences", "counts")
+INDEX_VERSION = 2
+_ARRAYS = ("chunk_doc", "chunk_first", "chunk_end", "chunk_tokens", "doc_sentences", "counts")
 _READ = 2048   # documents per read while building the index
 
 
@@ -79,7 +79,7 @@ def build_index(store, name: str, split: str, budget: int) -> dict:
   lens = store.lengths(name, split)
   n = int(lens.size)
   doc_sentences = np.zeros(n, np.int32)
-  c_doc, c_first, c_end = [], [], []
+  c_doc, c_first, c_end, c_tokens = [], [], [], []
   for lo in range(0, n, _READ):
     for i, d in enumerate(store.read(name, split, np.arange(lo, min(n, lo + _READ))), lo):
       s, e = sentences(d)
@@ -90,9 +90,11 @@ def build_index(store, name: str, split: str, budget: int) -> dict:
         c_doc.append(i)
         c_first.append(a)
         c_end.append(b)
+        c_tokens.append(int(e[b - 1] - s[a]))
   single = int((doc_sentences < 2).sum())
   return dict(chunk_doc=np.asarray(c_doc, np.int64), chunk_first=np.asarray(c_first, np.int32),
-              chunk_end=np.asarray(c_end, np.int32), doc_sentences=doc_sentences,
+              chunk_end=np.asarray(c_end, np.int32), chunk_tokens=np.asarray(c_tokens, np.int64),
+              doc_sentences=doc_sentences,
               counts=np.asarray([n, single, len(c_doc)], np.int64))
 
 
@@ -151,7 +153,7 @@ class _PairStream(store_pipeline._Stream):
     self.seed, self.salt = seed, salt
     self.budget = seq_len - specials(layout)
     key = dict(kind="sentence_pairs", store=store.fingerprint, source=name, split=split,
-               budget=self.budget, v=INDEX_VERSION)
+               budget=self.budget, pair_index_version=INDEX_VERSION)
     self.index = store_index.load_or_build(cache_dir, key,
                                            lambda: build_index(store, name, split, self.budget), _ARRAYS)
     self.rows = int(self.index["chunk_doc"].shape[0])
@@ -160,7 +162,10 @@ class _PairStream(store_pipeline._Stream):
       raise DataError(f"store source {label!r}: none of its {self.num_docs} documents has two lines, so no "
                       "sentence pair can be built; prepare it with --doc_format=blank_line")
     self.tokens = int(store.source(name)["tokens" if split == "train" else "eval_tokens"])
-    self.tokens_per_row = float(seq_len)
+    # for the logged per-source tokens: a pair holds its chunk, cut to the budget, plus the specials
+    # (an NSP negative's B differs in length; exact on average for the in-order half)
+    kept = np.minimum(self.index["chunk_tokens"], self.budget)
+    self.tokens_per_row = float(kept.mean()) + specials(layout) if self.rows else 0.0
 
 
 class PairPipeline(store_pipeline.StorePipeline):
