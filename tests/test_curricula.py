@@ -9,8 +9,31 @@ import pytest
 from mlm_jax import masking, schedules
 from mlm_jax.defaults import masking_defaults
 from mlm_jax.errors import ConfigError
+from mlm_jax.data import config as data_config
+from mlm_jax.data import prepare, store_pipeline
 from mlm_jax.data.sources import DataError
-from test_store import _cfg, _pipe, store, tok  # noqa: F401  (session fixtures)
+
+
+@pytest.fixture(scope="module")
+def store(corpus_and_tokenizer, shared_data, tmp_path_factory):
+  """Two sources, 'de' (a German book) and 'en' (the demo corpus), with the session's demo tokenizer."""
+  corpus, spm = corpus_and_tokenizer
+  root = str(tmp_path_factory.mktemp("curricula") / "store")
+  sources = (f"de={shared_data / 'corpus/de/gutenberg_kalamine/de_alice.txt.gz'}", f"en={corpus}")
+  prepare.prepare(prepare.Options(sources=sources, tokenizer=spm, eval_percent=2.0), root, progress_s=1e9,
+                  log=lambda s: None)
+  return root
+
+
+def _cfg(root, tmp_path, **kw):
+  c = data_config.data_defaults()
+  c.sources, c.seq_len = (f"store:{root}",), 32
+  c.update(kw)
+  return c
+
+
+def _pipe(c, tmp_path, batch=8):
+  return store_pipeline.make_pipeline(c, None, batch, seed=3, cache_dir=str(tmp_path / "index"))
 
 
 def test_schedule_values_at_phase_boundaries_host_and_traced():
@@ -51,7 +74,7 @@ def _sources_of(pipe, rows):
   return src, packed
 
 
-def test_staged_source_and_alpha_phases_resume_exactly(store, tmp_path):  # noqa: F811
+def test_staged_source_and_alpha_phases_resume_exactly(store, tmp_path):
   c = _cfg(store, tmp_path, mix_alpha=1.0, source_start_steps=("en=4",), mix_alpha_schedule=("0:1.0", "7:0.0"))
   run = _pipe(c, tmp_path, batch=8)
   en = [s.label for s in run.streams].index("en")

@@ -13,7 +13,6 @@ from mlm_jax.data import config as data_config
 from mlm_jax.data import prepare, sentence_pairs, tokenizer
 from mlm_jax.data import store as store_lib
 from mlm_jax.data.sources import DataError
-from test_store import store, tok  # noqa: F401  (session fixtures: an xlmr tokenizer, a line-format store)
 
 BOOKS = "corpus/de/gutenberg_kalamine/*.txt.gz"    # paragraphs separated by blank lines
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
@@ -92,17 +91,19 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objecti
       np.testing.assert_array_equal(got[k], w[k])
 
 
-def test_xlmr_layout_and_errors(shared_data, tok, store, tmp_path):  # noqa: F811
-  root = str(tmp_path / "xlmr")
-  prepare.prepare(prepare.Options(sources=(f"de={shared_data / ALICE}",), tokenizer=tok.model_path,
-                                  eval_percent=0.0, doc_format="blank_line"), root, progress_s=1e9, log=lambda s: None)
+def test_xlmr_layout_and_errors(shared_data, corpus_and_tokenizer, tmp_path):
+  tok = tokenizer.load(corpus_and_tokenizer[1])   # the session's xlmr-layout tokenizer
+  root, lines = str(tmp_path / "xlmr"), str(tmp_path / "lines")
+  for out, fmt in ((root, "blank_line"), (lines, "line")):
+    prepare.prepare(prepare.Options(sources=(f"de={shared_data / ALICE}",), tokenizer=tok.model_path,
+                                    eval_percent=0.0, doc_format=fmt), out, progress_s=1e9, log=lambda s: None)
   pipe = sentence_pairs.PairPipeline(_cfg(root, 48), "mlm+sop", 8, seed=0, cache_dir=str(tmp_path))
   b = next(pipe)
   for ids, types in zip(b["input_ids"], b["token_type_ids"]):
     eos = np.nonzero(ids == tok.eos_id)[0]   # <s> A </s></s> B </s>
     assert ids[0] == tok.bos_id and len(eos) == 3 and eos[1] == eos[0] + 1 and not types.any()
   with pytest.raises(DataError, match="none of its .* documents has two lines"):
-    sentence_pairs.PairPipeline(_cfg(store), "mlm+nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
+    sentence_pairs.PairPipeline(_cfg(lines), "mlm+nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
   from mlm_jax import resolve
   from mlm_jax.defaults import default_config
   from mlm_jax.errors import ConfigError
@@ -232,11 +233,12 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
   np.testing.assert_allclose(np.asarray(ours.sentence_logits(hidden)), ref.seq_relationship_logits.numpy(), atol=1e-4)
 
 
-def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(tok, tmp_path):  # noqa: F811
+def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(corpus_and_tokenizer, tmp_path):
   """No transformers class has XLM-R + a sentence head: the MLM model is written, and the note says so."""
   from mlm_jax import checkpoint, loop, resolve, sharding, step
   from mlm_jax.convert import checkpoint_io
   from mlm_jax.defaults import default_config
+  tok = tokenizer.load(corpus_and_tokenizer[1])
   c = default_config()
   c.objective = "mlm+sop"
   c.data.tokenizer, c.data.seq_len = tok.model_path, 16
