@@ -89,6 +89,9 @@ def abstract_inputs(trainer, config: ml_collections.ConfigDict):
                        state, trainer.state_sharding)
   shape = (config.train.batch_size, config.data.seq_len)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding) for k in BATCH_KEYS}
+  if config.get("objective", "mlm") != "mlm":   # NSP / SOP rows (mlm_jax/data/sentence_pairs.py)
+    batch["token_type_ids"] = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding)
+    batch["sentence_labels"] = jax.ShapeDtypeStruct(shape[:1], jnp.int32, sharding=trainer.batch_sharding)
   key = jax.eval_shape(lambda: jax.random.key(0))
   key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(trainer.mesh))
   return state, batch, key

@@ -19,6 +19,8 @@ CHOICES = {
     "masking.mode": ("token", "whole_word", "span"),
     "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
     "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),
+    "masking.mask_rate_schedule_mode": ("constant", "linear"),
+    "objective": ("mlm", "mlm+nsp", "mlm+sop"),
     "train.nonfinite": ("skip", "stop"),
     "data.doc_format": ("line", "blank_line"),
     "data.packing": ("segmented", "concat"),
@@ -40,6 +42,9 @@ def check(key: str, value) -> None:
 def check_config(config) -> None:
   """Check every choice field that `config` has (pretraining and fine-tuning configs alike)."""
   for key in CHOICES:
-    section, field = key.split(".")
-    if section in config and field in config[section]:
+    section, _, field = key.rpartition(".")
+    if not section:
+      if key in config:
+        check(key, config[key])
+    elif section in config and field in config[section]:
       check(key, config[section][field])

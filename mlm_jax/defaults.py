@@ -66,6 +66,8 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.norm_bias = True             # LayerNorm biases (every norm of the model)
   m.head_bias = True             # the MLM head's dense bias (the decoder bias is always there)
   m.first_layer_attention_norm = True   # pre-LN: False = layer 0 attends to its input unnormalized
+  # A binary sentence head (NSP / SOP) on the pooler: set by config.objective='mlm+nsp' | 'mlm+sop'.
+  m.sentence_head = False
   m.rope_theta = 10000.0
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
@@ -88,7 +90,11 @@ def masking_defaults() -> ml_collections.ConfigDict:
   k.mask_rate = 0.15
   k.mask_token_prob = 0.8
   k.random_token_prob = 0.1
-  k.max_predictions = 0          # 0 = ceil(mask_rate * seq_len) rounded up to a multiple of 8
+  k.max_predictions = 0          # 0 = ceil(max mask rate * seq_len), rounded up per platform
+  # Curriculum (mlm_jax/schedules.py): ('0:0.3', '2000:0.15', '4000:0.05') = the rate from each
+  # step on; replaces mask_rate when set. constant: piecewise constant | linear: lines between points.
+  k.mask_rate_schedule = ()
+  k.mask_rate_schedule_mode = "constant"
   k.span_p = 0.2                 # SpanBERT geometric parameter
   k.span_max = 10
   # Filled from the tokenizer at start: mask id and the ids that are never selected/sampled.
@@ -121,6 +127,9 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order); the sentence
+  # objectives read pairs of sentences from a token store (mlm_jax/data/sentence_pairs.py).
+  c.objective = "mlm"
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
   # parameters start from there, the optimizer and data stream start fresh.
   c.init_from = ""

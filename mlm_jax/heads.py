@@ -144,7 +144,7 @@ class TaskObjective:
   def __init__(self, kind: str):
     self.kind = kind
 
-  def prepare(self, batch, key):
+  def prepare(self, batch, key, step=None):
     return batch
 
   def loss_sums(self, model, batch, dropout_key, activation_sharding=None):

@@ -213,7 +213,9 @@ class _Interval:
     seconds = max(now - self.t0, 1e-9)
     examples_per_sec = since * t.batch_size / seconds
     tokens_per_sec = examples_per_sec * loop.tokens_per_example
-    line = dict(step=step, **loop.trainer.objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
+    objective = loop.trainer.objective
+    line = dict(step=step, **objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
+                **getattr(objective, "schedule_values", lambda s: {})(step - 1),   # the last step's
                 learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
                 tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
                 mfu=flops.mfu(tokens_per_sec, loop.flops_per_token, self.peak),

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax import choices
+from mlm_jax import choices, schedules
 from mlm_jax.errors import ConfigError
 
 MODES = choices.CHOICES["masking.mode"]
@@ -40,13 +40,16 @@ SLOT_MULTIPLE = {"cpu": 1, "gpu": 8, "tpu": 1, None: 8}
 def max_predictions(cfg: ml_collections.ConfigDict, seq_len: int, platform: str | None = None) -> int:
   """ceil(mask_rate * seq_len) rounded up to SLOT_MULTIPLE[platform] (unless set explicitly).
 
+  With a mask-rate schedule the rate is the schedule's maximum, so the step compiles once.
+
   The config-resolution step writes this into masking.max_predictions for the mesh's platform, so
   the jitted step (which cannot know whether it is compiled for a TPU on a CPU host) uses it as is.
   """
   if cfg.max_predictions > 0:
     return min(int(cfg.max_predictions), seq_len)
   multiple = SLOT_MULTIPLE.get(platform, 8)
-  return min(seq_len, multiple * math.ceil(math.ceil(cfg.mask_rate * seq_len) / multiple))
+  rate = schedules.max_mask_rate(cfg)
+  return min(seq_len, multiple * math.ceil(math.ceil(rate * seq_len) / multiple))
 
 
 def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
@@ -54,6 +57,10 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   choices.check("masking.mode", cfg.mode)
   if not 0.0 < cfg.mask_rate < 1.0:
     raise ConfigError(f"masking.mask_rate={cfg.mask_rate}: expected a fraction in (0, 1)")
+  choices.check("masking.mask_rate_schedule_mode", cfg.get("mask_rate_schedule_mode", "constant"))
+  _, rates = schedules.mask_rate_phases(cfg)
+  if rates.size and not ((rates > 0) & (rates < 1)).all():
+    raise ConfigError(f"masking.mask_rate_schedule={tuple(cfg.mask_rate_schedule)}: expected rates in (0, 1)")
   if cfg.mask_token_prob < 0 or cfg.random_token_prob < 0 or cfg.mask_token_prob + cfg.random_token_prob > 1:
     raise ConfigError(f"masking.mask_token_prob={cfg.mask_token_prob} + random_token_prob="
                       f"{cfg.random_token_prob}: expected non-negative and summing to at most 1")
@@ -166,16 +173,17 @@ def _random_tokens(key, shape, vocab_size, special_ids):
   return r
 
 
-def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_slots):
-  """One sequence: select, corrupt 80/10/10, and emit prediction slots."""
+def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_slots, rate=None):
+  """One sequence: select, corrupt 80/10/10, and emit prediction slots (`rate`: default cfg.mask_rate)."""
+  rate = cfg.mask_rate if rate is None else rate
   k_sel, k_how, k_rand = jax.random.split(key, 3)
   cand = _candidates(input_ids, segment_ids, tuple(cfg.special_ids) + (cfg.mask_id,))
   if cfg.mode == "token":
-    selected = _select_tokens(k_sel, cand, cfg.mask_rate, num_slots)
+    selected = _select_tokens(k_sel, cand, rate, num_slots)
   elif cfg.mode == "whole_word":
-    selected = _select_words(k_sel, cand, word_starts, cfg.mask_rate, num_slots)
+    selected = _select_words(k_sel, cand, word_starts, rate, num_slots)
   else:
-    selected = _select_spans(k_sel, cand, cfg.mask_rate, num_slots, cfg.span_p, cfg.span_max)
+    selected = _select_spans(k_sel, cand, rate, num_slots, cfg.span_p, cfg.span_max)
   positions, used = _slots(selected, num_slots)
   u = jax.random.uniform(k_how, input_ids.shape)
   special = tuple(sorted(set(tuple(cfg.special_ids) + (cfg.mask_id,))))
@@ -186,8 +194,9 @@ def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_
   return new_ids, positions, jnp.where(used, input_ids[positions], 0), used.astype(jnp.float32)
 
 
-def mask_batch(batch, key, cfg: ml_collections.ConfigDict, vocab_size: int, example_offset=0):
+def mask_batch(batch, key, cfg: ml_collections.ConfigDict, vocab_size: int, example_offset=0, rate=None):
   """Masks a batch; `example_offset` is the global index of row 0 (for per-host or per-microbatch slices).
+  `rate` (a traced scalar from a mask-rate schedule) overrides cfg.mask_rate.
 
   Returns a new batch dict with corrupted `input_ids` and the slot arrays described above.
   """
@@ -199,7 +208,7 @@ def mask_batch(batch, key, cfg: ml_collections.ConfigDict, vocab_size: int, exam
     word_starts = jnp.ones_like(ids)
   rows = example_offset + jnp.arange(b)
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(rows)
-  fn = lambda k, x, g, w: mask_example(k, x, g, w, cfg, vocab_size, num_slots)
+  fn = lambda k, x, g, w: mask_example(k, x, g, w, cfg, vocab_size, num_slots, rate)
   new_ids, positions, labels, weights = jax.vmap(fn)(keys, ids, batch["segment_ids"], word_starts)
   out = dict(batch)
   out.update(input_ids=new_ids, masked_positions=positions, masked_labels=labels, masked_weights=weights)

@@ -328,6 +328,11 @@ class Encoder(nnx.Module):
     if cfg.use_pooler:
       self.pooler_kernel = _param(keys[4], (h, h), ("embed", None), "normal", std, pdt)
       self.pooler_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
+    if cfg.get("sentence_head", False):   # NSP / SOP: two classes on the pooled first token
+      if not cfg.use_pooler:
+        raise ConfigError("model.sentence_head needs model.use_pooler=True (the head reads the pooled output)")
+      self.sentence_kernel = _param(keys[5], (h, 2), ("embed", None), "normal", std, pdt)
+      self.sentence_bias = _param(None, (2,), (None,), "zeros", 0.0, pdt)
 
   @property
   def dtype(self):
@@ -411,3 +416,9 @@ class Encoder(nnx.Module):
       raise ConfigError("model.use_pooler is False: this model has no pooler")
     first = hidden[:, 0]
     return jnp.tanh(first @ self.pooler_kernel[...].astype(self.dtype) + self.pooler_bias[...].astype(self.dtype))
+
+  def sentence_logits(self, hidden):
+    """[B, 2] float32 logits of the sentence head (BERT's seq_relationship) on the pooled output."""
+    pooled = self.pool(hidden)
+    return (pooled @ self.sentence_kernel[...].astype(self.dtype)).astype(jnp.float32) + \
+        self.sentence_bias[...].astype(jnp.float32)

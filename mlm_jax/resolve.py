@@ -41,6 +41,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"optimizer.grad_accum_steps={accum} must be >= 1 and divide train.batch_size={t.batch_size}")
   if "masking" in config:
     masking.check_config(config.masking, config.model.vocab_size)
+  if "data" in config:
+    _check_curricula(config)
   m = config.model
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   limit = m.max_position_embeddings - m.position_offset
@@ -48,6 +50,19 @@ def check(config: ml_collections.ConfigDict) -> None:
     where = "data.seq_len" if "data" in config else "seq_len"
     raise ConfigError(f"{where}={seq_len}: the model has positions for {limit} tokens "
                       f"(model.max_position_embeddings={m.max_position_embeddings})")
+
+
+def _check_curricula(config: ml_collections.ConfigDict) -> None:
+  """Data schedules and sentence objectives read a token store: one line saying what to run otherwise."""
+  from mlm_jax import schedules
+  from mlm_jax.data import store_pipeline
+  schedules.data_phases(config.data)   # parses (one ConfigError per bad entry)
+  store = bool(config.data.sources) and store_pipeline.is_store(config.data)
+  what = ("data.mix_alpha_schedule / data.source_start_steps" if schedules.has_data_schedule(config.data)
+          else f"objective={config.objective!r}" if config.get("objective", "mlm") != "mlm" else "")
+  if what and not store:
+    raise ConfigError(f"{what} needs token-store sources (data.sources=('store:DIR',)): prepare the corpus "
+                      "once with tools/prepare_data.py --doc_format=blank_line, then train from store:DIR")
 
 
 def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
@@ -109,6 +124,12 @@ def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
                       f"{tok.model_path} ({tok.vocab_size} pieces)")
 
 
+def bind_objective(config: ml_collections.ConfigDict) -> None:
+  """NSP / SOP (config.objective) train BERT's pooler and a 2-way sentence head on it."""
+  if config.objective != "mlm":
+    config.model.use_pooler = config.model.sentence_head = True
+
+
 def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None):
   """(frozen config, tokenizer) for `mlm_jax.train`; writes the demo corpus / trains the tokenizer once.
 
@@ -126,6 +147,7 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
     sharding.sync_processes("demo_corpus")
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
+  bind_objective(config)
   bind_platform(config, jax.default_backend())
   check(config)
   return freeze(config), tok
@@ -147,6 +169,7 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
   if not config.masking.special_ids:
     config.masking.special_ids = (0, 1, 2, 3)
     notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
+  bind_objective(config)
   bind_platform(config, platform)
   notes.append(f"attention: {config.model.attention_impl}")
   check(config)

@@ -18,7 +18,7 @@ import optax
 from flax import nnx, struct
 import ml_collections
 
-from mlm_jax import masking, objectives, optim, sharding
+from mlm_jax import masking, objectives, optim, schedules, sharding
 from mlm_jax.model import Encoder
 
 
@@ -55,18 +55,27 @@ def abstract_model(model_cfg: ml_collections.ConfigDict):
 class MLM:
   """The masked-LM objective: masking inside the step, the loss over the prediction slots only.
 
-  An objective is what `make_trainer` needs beyond the model: `prepare` (the step's on-device
-  input transform, here dynamic masking), `loss_sums` (summed loss and metric sums; the gradient is
-  divided by `sums[count_key]` of the global batch), `evaluate` (what the eval step returns) and, for
-  the loop, `summarize` / `console` (rates and their part of the console line).
+  An objective is what `make_trainer` needs beyond the model: `prepare(batch, key, step)` (the
+  step's on-device input transform, here dynamic masking at the scheduled rate), `loss_sums`
+  (summed loss and metric sums; the gradient is divided by `sums[count_key]` of the global batch),
+  `evaluate` (what the eval step returns) and, for the loop, `summarize` / `console` (rates and
+  their part of the console line) and, optionally, `schedule_values(step)` (curriculum values at a
+  step, logged with the rates) and `eval_rates(sums)` (extra held-out rates).
   """
   count_key = "num_predictions"
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.masking, self.vocab_size = config.masking, config.model.vocab_size
 
-  def prepare(self, batch, key):
-    return masking.mask_batch(batch, key, self.masking, self.vocab_size)
+  def prepare(self, batch, key, step=None):
+    """Masks at masking.mask_rate, or at the schedule's rate for `step` (traced; None at eval)."""
+    rate = schedules.mask_rate(self.masking, step, traced=True) if step is not None else None
+    return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate)
+
+  def schedule_values(self, step: int) -> dict:
+    if not self.masking.get("mask_rate_schedule", ()):
+      return {}
+    return dict(mask_rate=float(schedules.mask_rate(self.masking, step)))
 
   def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
     hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
@@ -88,6 +97,14 @@ class MLM:
   @staticmethod
   def console(m: dict) -> str:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
+
+
+def make_objective(config: ml_collections.ConfigDict):
+  """The pretraining objective named by config.objective (default 'mlm')."""
+  if config.get("objective", "mlm") in ("mlm+nsp", "mlm+sop"):
+    from mlm_jax.sentence_objective import MLMWithSentenceHead
+    return MLMWithSentenceHead(config)
+  return MLM(config)
 
 
 def _microbatches(batch, n):
@@ -121,7 +138,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
                  objective=None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
   """Init, shardings and the jitted steps for a model and an objective (default: the encoder and MLM)."""
   mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
-  objective = objective if objective is not None else MLM(config)
+  objective = objective if objective is not None else make_objective(config)
   make_model = make_model or (lambda: Encoder(config.model, seed=config.seed))
   accum = int(config.optimizer.grad_accum_steps)
   total_steps = int(config.train.steps)
@@ -145,7 +162,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   def train_step(state: TrainState, batch, key):
     step_key = jax.random.fold_in(key, state.step)
     prepare_key, dropout_key = jax.random.split(step_key)
-    batch = objective.prepare(batch, prepare_key)
+    batch = objective.prepare(batch, prepare_key, state.step)
     grad_fn = jax.grad(loss_sums, has_aux=True)
     if accum == 1:
       grads, sums = grad_fn(state.params, batch, dropout_key)

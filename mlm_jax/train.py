@@ -71,6 +71,10 @@ def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: s
   from mlm_jax.data import store_pipeline
   n, i = jax.process_count(), jax.process_index()
   local = config.train.batch_size // n
+  if config.objective != "mlm":
+    from mlm_jax.data import sentence_pairs
+    return sentence_pairs.PairPipeline(config.data, config.objective, local, config.seed, i, n, split,
+                                       cache_dir=os.path.join(workdir, "data_index"))
   if store_pipeline.is_store(config.data):
     return store_pipeline.make_pipeline(config.data, tok, local, config.seed, i, n, split,
                                         cache_dir=os.path.join(workdir, "data_index"))
@@ -91,9 +95,14 @@ class PipelineInput:
     return next(self.pipeline)
 
   def metrics(self) -> dict:
-    """A token store's per-source epochs and tokens consumed (global), for the log line."""
-    sources = self.pipeline.stats().get("sources", {}) if hasattr(self.pipeline, "stats") else {}
-    return {f"data/{name}/{k}": float(s[k]) for name, s in sources.items() for k in ("epochs", "tokens")}
+    """A token store's per-source epochs, tokens and current weight (global), its mixing phase and
+    alpha under a curriculum, and a pair stream's counts, for the log line."""
+    stats = self.pipeline.stats() if hasattr(self.pipeline, "stats") else {}
+    out = {f"data/{name}/{k}": float(s[k]) for name, s in stats.get("sources", {}).items()
+           for k in ("epochs", "tokens", "weight") if k in s}
+    out.update({f"data/{k}": float(v) for k, v in stats.items() if k in ("mix_alpha", "phase")})
+    out.update({f"data/{k}": float(v) for k, v in stats.get("pairs", {}).items()})
+    return out
 
   def get_state(self) -> dict:
     return self.pipeline.get_state()
@@ -120,6 +129,8 @@ class HeldOut:
     shape = (config.train.batch_size // jax.process_count(), config.data.seq_len)
     filler = {k: np.full(shape, self.tok.pad_id if k == "input_ids" else 0, np.int32)
               for k in ("input_ids", "segment_ids", "positions", "word_starts")}
+    if config.objective != "mlm":   # sentence pairs: all-zero rows carry no loss
+      filler.update(token_type_ids=np.zeros(shape, np.int32), sentence_labels=np.zeros(shape[:1], np.int32))
     pipeline, sums = self.pipeline(), None
     for _ in range(config.train.eval_batches):
       batch = sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
@@ -129,8 +140,9 @@ class HeldOut:
     host = jax.device_get(sums) if sums is not None else None
     if host is None or host["num_predictions"] == 0:
       raise DataError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
-    rates = objectives.summarize(host)
-    return {f"eval_{k}": float(rates[k]) for k in ("loss", "accuracy", "perplexity")}
+    rates = {k: float(v) for k, v in objectives.summarize(host).items() if k != "num_predictions"}
+    rates.update(getattr(self.trainer.objective, "eval_rates", lambda s: {})(host))
+    return {f"eval_{k}": v for k, v in rates.items()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> dict:

@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     if a.command == "to_hf":
       summary = cio.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite)
       print(f"wrote {a.out} ({summary['arch']}, step {summary['step']}): {', '.join(summary['files'])}")
+      if summary.get("note"):
+        print(f"note: {summary['note']}")
     else:
       summary = cio.from_hf(a.hf_dir, a.out, tokenizer=a.tokenizer, overwrite=a.overwrite)
       print(f"wrote {a.out} from {summary['weights']} ({summary['arch']})")

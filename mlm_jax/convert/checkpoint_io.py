@@ -77,6 +77,13 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     prefix = "bert" if arch == "bert" else "roberta"
     state_dict[f"{prefix}.embeddings.token_type_embeddings.weight"] = np.zeros((1, mcfg.hidden_size), np.float32)
   hcfg.update(dtype="float32", mask_token_id=tok.mask_id)
+  dropped = ""
+  if mcfg.get("sentence_head", False):
+    if arch == "bert":
+      hcfg["architectures"] = ["BertForPreTraining"]   # MLM + NSP heads; AutoModelForMaskedLM loads it too
+    else:
+      dropped = (f"the sentence (NSP/SOP) head was dropped: transformers' {arch} has no class with one, "
+                 "so the folder holds the MLM model")
 
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
@@ -84,7 +91,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   save_file(state_dict, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
   files = ["config.json", "model.safetensors"]
   files += hf_tokenizer.write(tok, out, model_max_length=mcfg.max_position_embeddings - mcfg.position_offset)
-  return dict(step=step, arch=arch, files=files, out=out)
+  return dict(step=step, arch=arch, files=files, out=out, **({"note": dropped} if dropped else {}))
 
 
 # ------------------------------------------------------------------------------------------

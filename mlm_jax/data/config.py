@@ -38,6 +38,11 @@ def data_defaults() -> ml_collections.ConfigDict:
   # `source_sizes` says otherwise. 1.0 = proportional, 0.3 = XLM-R, 0.0 = uniform.
   d.mix_alpha = 1.0
   d.source_sizes = ()            # optional 'name=number' overrides of n_i
+  # Curricula (token stores only; mlm_jax/schedules.py): mix_alpha in phases, piecewise constant,
+  # e.g. ('0:0.7', '2000:0.5', '4000:0.3'); and sources that join later, e.g. ('bn=2000',): weight
+  # 0 before that step. Phases are in steps of the run's global batch size.
+  d.mix_alpha_schedule = ()
+  d.source_start_steps = ()
   d.shuffle_buffer = 10000       # documents; 0 = no shuffle (file order is still shuffled)
   d.shuffle_files = True
   # Multi-process runs: 'shard' = each process reads its own part of the corpus (default, scales);

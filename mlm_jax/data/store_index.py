@@ -96,7 +96,7 @@ def default_cache_dir() -> str:
   return os.path.join(tempfile.gettempdir(), "mlm_jax_data_index")
 
 
-def load_or_build(cache_dir: str, key: dict, make) -> dict:
+def load_or_build(cache_dir: str, key: dict, make, names=_ARRAYS) -> dict:
   """The index for `key` from cache_dir (memory-mapped), building and saving it on a miss.
 
   Written to a temporary folder and renamed, so concurrent hosts sharing a workdir and
@@ -118,7 +118,7 @@ def load_or_build(cache_dir: str, key: dict, make) -> dict:
       for k in os.listdir(tmp):
         os.remove(os.path.join(tmp, k))
       os.rmdir(tmp)
-  return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in _ARRAYS}
+  return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in names}
 
 
 def quotas(weights, block: int = MIX_BLOCK) -> np.ndarray:

@@ -15,6 +15,12 @@ store_index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of
 rows [b*G + p*G/P, b*G + (p+1)*G/P). The state is the number of global rows consumed plus
 fingerprints, so resuming costs the same at any step, on any process count, and under another
 global batch size. The eval split reads each source's held-out documents once, in order.
+
+Curricula (`data.mix_alpha_schedule`, `data.source_start_steps`, see mlm_jax/schedules.py) split
+the row stream into phases at step boundaries (rows = step x global batch); each phase has its own
+fixed quota pattern, and a source's position at a phase start is the sum of what earlier phases
+took from it, so locating a row stays O(phases). The global batch size is then part of the
+state's fingerprint: phases are in steps.
 """
 import hashlib
 import json
@@ -23,6 +29,7 @@ from typing import Optional
 
 import numpy as np
 
+from mlm_jax import schedules
 from mlm_jax.data import store as store_lib
 from mlm_jax.data import store_index
 from mlm_jax.data.sources import DataError, split_named
@@ -31,7 +38,8 @@ FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
 PERMUTE_BLOCK = 4096
 STATE_VERSION = 1
 # Fields of config.data that decide the store stream (the rest only matter to prepare/streaming).
-_KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes")
+_KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes", "mix_alpha_schedule",
+               "source_start_steps")
 
 
 def is_store(data_config) -> bool:
@@ -65,6 +73,7 @@ def make_pipeline(data_config, tokenizer, batch_size_local: int, seed: int,
 
 class _Stream:
   """One source of one store, in one split: its documents and packing index."""
+  _block_id, _block = -1, None   # packed_rows' cache (class defaults: subclasses need not set them)
 
   def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir):
     self.label, self.store, self.name, self.split = label, store, name, split
@@ -83,7 +92,6 @@ class _Stream:
     self.tokens = int(store.source(name)["tokens" if split == "train" else "eval_tokens"])
     # BOS/EOS included, as the rows carry them: for stats (exact at every epoch end).
     self.tokens_per_row = float(self.index["row_tokens"].sum()) / max(self.rows, 1)
-    self._block_id, self._block = -1, None   # packed_rows' cache
 
   def packed_rows(self, k: np.ndarray) -> np.ndarray:
     """Source rows k (any epoch) -> packed row ids (stateless per-epoch permutation).
@@ -163,8 +171,7 @@ class StorePipeline:
         if full in labels:
           raise DataError(f"two data.sources entries both give source {full!r}: name them")
         labels.add(full)
-        streams.append(_Stream(full, store, name, self.split, c.seq_len, c.packing, seed,
-                               len(streams), cache_dir))
+        streams.append(self._stream(full, store, name, c, seed, len(streams), cache_dir))
     vocab = {s.store.manifest["tokenizer"]["sha256"] for s in streams}
     if len(vocab) > 1:
       raise DataError(f"the stores of data.sources were prepared with {len(vocab)} different "
@@ -174,19 +181,60 @@ class StorePipeline:
       raise DataError(f"store source(s) {empty} have no {self.split} documents")
     return streams
 
+  def _stream(self, label, store, name, c, seed, salt, cache_dir):
+    return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir)
+
   def _init_mixing(self, c):
     from mlm_jax.data.pipeline import mixing_weights
     given = dict(split_named(x) for x in c.source_sizes)
-    unknown = set(given) - {s.label for s in self.streams}
+    labels = [s.label for s in self.streams]
+    unknown = set(given) - set(labels)
     if unknown:
       raise DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
     sizes = [float(given.get(s.label, s.tokens)) for s in self.streams]
-    self.weights = mixing_weights(sizes, c.mix_alpha)
-    self.quotas = store_index.quotas(self.weights)
-    self._slot_source, self._slot_rank = store_index.mix_pattern(self.quotas)
+    starts = schedules.source_starts(c)
+    unknown = set(starts) - set(labels)
+    if unknown:
+      raise DataError(f"data.source_start_steps names unknown sources {sorted(unknown)}; the sources "
+                      f"are {labels}")
+    bounds, phases = schedules.data_phases(c)
+    global_batch = self.batch_size * self.process_count
+    self._phase_steps, self._phase_rows = bounds, bounds * global_batch
+    self.phase_alpha, self.phase_weights, self.phase_quotas, self._patterns = [], [], [], []
+    for alpha, waiting in phases:
+      active = np.array([s.label not in waiting for s in self.streams])
+      if not active.any():
+        raise DataError(f"data.source_start_steps: no source is drawn at step 0 ({list(c.source_start_steps)})")
+      w = np.asarray(mixing_weights(sizes, alpha)) * active
+      w = w / w.sum()
+      q = store_index.quotas(w)
+      self.phase_alpha.append(alpha)
+      self.phase_weights.append(w)
+      self.phase_quotas.append(q)
+      self._patterns.append(store_index.mix_pattern(q))
+    # Rows each phase takes from each source (the last phase is open-ended), and the sums before it.
+    took = [self._taken(k, int(self._phase_rows[k + 1] - self._phase_rows[k]))
+            for k in range(len(phases) - 1)]
+    self._phase_offsets = np.cumsum([np.zeros(len(self.streams), np.int64)] + took, axis=0)
+    self.weights, self.quotas = self.phase_weights[0], self.phase_quotas[0]
     if len(self.streams) > 1:
-      logging.info("data: mixing %s", {s.label: round(w, 4)
+      logging.info("data: mixing %s", {s.label: round(float(w), 4)
                                          for s, w in zip(self.streams, self.weights)})
+      if len(phases) > 1:
+        logging.info("data: %d mixing phases from steps %s", len(phases), bounds.tolist())
+
+  def _taken(self, k: int, n: int) -> np.ndarray:
+    """Rows that the first n rows of phase k take from each source."""
+    block, part = divmod(n, store_index.MIX_BLOCK)
+    return block * self.phase_quotas[k] + np.bincount(self._patterns[k][0][:part], minlength=len(self.streams))
+
+  def _phase_of(self, rows):
+    return np.searchsorted(self._phase_rows, rows, side="right") - 1
+
+  def consumed(self, rows: int) -> np.ndarray:
+    """Rows taken from each source by the first `rows` global rows of the train stream."""
+    k = int(self._phase_of(rows))
+    return self._phase_offsets[k] + self._taken(k, rows - int(self._phase_rows[k]))
 
   # -- row addressing ----------------------------------------------------------------------
   def _locate(self, rows: np.ndarray):
@@ -197,14 +245,24 @@ class StorePipeline:
       starts = np.concatenate([[0], self._eval_ends])
       packed = np.where(valid, rows - starts[np.minimum(src, len(self.streams) - 1)], -1)
       return np.where(valid, src, -1), packed
-    block, slot = np.divmod(rows, store_index.MIX_BLOCK)
-    src = self._slot_source[slot]
-    k = block * self.quotas[src] + self._slot_rank[slot]
+    src, k = self._positions(rows)
     packed = np.empty_like(k)
     for i in np.unique(src):
       sel = src == i
       packed[sel] = self.streams[i].packed_rows(k[sel])
     return src, packed
+
+  def _positions(self, rows: np.ndarray):
+    """Train rows -> (stream index, the row's position k in that stream, over all epochs)."""
+    src, k = np.empty_like(rows), np.empty_like(rows)
+    phase = self._phase_of(rows)
+    for p in np.unique(phase):
+      sel = phase == p
+      block, slot = np.divmod(rows[sel] - self._phase_rows[p], store_index.MIX_BLOCK)
+      slot_source, slot_rank = self._patterns[p]
+      src[sel] = slot_source[slot]
+      k[sel] = self._phase_offsets[p][src[sel]] + block * self.phase_quotas[p][src[sel]] + slot_rank[slot]
+    return src, k
 
   # -- rows -> batch -----------------------------------------------------------------------
   def _assemble(self, src: np.ndarray, packed: np.ndarray) -> dict:
@@ -280,6 +338,8 @@ class StorePipeline:
     key = {f: (list(c[f]) if isinstance(c[f], (tuple, list)) else c[f]) for f in _KEY_FIELDS}
     key.update(seed=self.seed, split=self.split, mix_block=store_index.MIX_BLOCK,
                index_version=store_index.INDEX_VERSION)
+    if self.split == "train" and schedules.has_data_schedule(c):
+      key["global_batch"] = self.batch_size * self.process_count   # phases are in steps
     return key
 
   def get_state(self) -> dict:
@@ -302,7 +362,8 @@ class StorePipeline:
                         f"(manifest fingerprint {fp} saved, {mine['stores'].get(label)} now)")
     for k, v in state["config"].items():
       if mine["config"].get(k) != v:
-        what = k if k in ("seed", "split", "mix_block", "index_version") else f"data.{k}"
+        what = (k if k in ("seed", "split", "mix_block", "index_version") else
+                "train.batch_size (data phases are in steps)" if k == "global_batch" else f"data.{k}")
         raise DataError(f"cannot resume: {what} changed ({v!r} saved, {mine['config'].get(k)!r} "
                         "now), so the saved position names other rows")
     self._rows = int(state["rows"])
@@ -310,11 +371,13 @@ class StorePipeline:
 
   def stats(self) -> dict:
     """Per source: global rows and epochs consumed, real tokens this process read."""
-    out = {}
+    out, extra = {}, {}
     if self.split == "train":
-      block, part = divmod(self._rows, store_index.MIX_BLOCK)
-      head = np.bincount(self._slot_source[:part], minlength=len(self.streams))
-      rows = block * self.quotas + head
+      rows = self.consumed(self._rows)
+      k = int(self._phase_of(max(self._rows - 1, 0)))   # the phase of the last row read
+      weights = self.phase_weights[k]
+      if len(self._phase_rows) > 1:
+        extra = dict(mix_alpha=float(self.phase_alpha[k]), phase=k)
     else:
       rows = np.clip(self._rows - np.concatenate([[0], self._eval_ends[:-1]]), 0,
                      [s.rows for s in self.streams])
@@ -322,4 +385,6 @@ class StorePipeline:
       out[s.label] = dict(rows=int(rows[i]), epochs=float(rows[i]) / s.rows if s.rows else 0.0,
                           tokens_local=int(self._tokens[i]),
                           tokens=int(round(rows[i] * s.tokens_per_row)))
-    return dict(rows=self._rows, sources=out)
+      if self.split == "train":
+        out[s.label]["weight"] = float(weights[i])
+    return dict(rows=self._rows, sources=out, **extra)

@@ -1,0 +1,65 @@
+"""MLM plus a sentence-level binary task: BERT's next-sentence prediction or ALBERT's sentence order.
+
+`config.objective = 'mlm+nsp' | 'mlm+sop'` trains the encoder on pairs of sentence spans
+(mlm_jax/data/sentence_pairs.py), each row `[CLS] A [SEP] B [SEP]` with `sentence_labels`. The
+sentence head is BERT's: pooler (tanh dense on the first token) -> 2-way linear
+(`model.sentence_head`, set by resolve.py together with `model.use_pooler`).
+
+Loss: as BERT's pretraining loss, the mean MLM loss plus the mean sentence loss. The step divides
+the summed loss by the number of predictions (`count_key`), so the sentence loss sum enters scaled
+by predictions / pairs of the (micro)batch (a constant for the gradient): with grad accumulation
+the pair mean is per microbatch. Padding rows (no tokens) carry no sentence loss.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mlm_jax import objectives
+from mlm_jax.step import MLM
+
+
+def sentence_sums(logits, labels, weights) -> dict:
+  """Summed cross-entropy and top-1 hits of [B, 2] logits against [B] labels, weighted per row."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+  hit = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return dict(sentence_loss_sum=(nll * weights).sum(), sentence_correct_sum=(hit * weights).sum(),
+              num_pairs=weights.sum())
+
+
+class MLMWithSentenceHead(MLM):
+  """MLM (dynamic masking, sparse slots, mask-rate schedule) + the NSP / SOP head on the pooler."""
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.kind = config.objective
+
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
+    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
+                   dropout_key=dropout_key, activation_sharding=activation_sharding)
+    y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
+    sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
+                               batch["masked_weights"])
+    weights = (batch["segment_ids"][:, 0] > 0).astype(jnp.float32)
+    sums.update(sentence_sums(model.sentence_logits(hidden), batch["sentence_labels"], weights))
+    scale = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_pairs"], 1.0))
+    return sums["loss_sum"] + scale * sums["sentence_loss_sum"], sums
+
+  @staticmethod
+  def summarize(sums) -> dict:
+    out = MLM.summarize(sums)
+    n = max(float(sums["num_pairs"]), 1.0)
+    out.update(sentence_loss=float(sums["sentence_loss_sum"]) / n,
+               sentence_accuracy=float(sums["sentence_correct_sum"]) / n)
+    return out
+
+  @staticmethod
+  def console(m: dict) -> str:
+    return f"{MLM.console(m)}  sent loss {m['sentence_loss']:.4f}  sent acc {m['sentence_accuracy']:.3f}"
+
+  @staticmethod
+  def eval_rates(sums) -> dict:
+    n = max(float(sums["num_pairs"]), 1.0)
+    return dict(sentence_loss=float(sums["sentence_loss_sum"]) / n,
+                sentence_accuracy=float(sums["sentence_correct_sum"]) / n)
