@@ -93,7 +93,7 @@ def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
                     seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
     sharding.sync_processes("tokenizer")
   elif not os.path.exists(path) and "://" not in path:
-    raise ConfigError(f"data.tokenizer={path!r}: no such file (expected a sentencepiece .model)")
+    raise ConfigError(f"data.tokenizer={path!r}: no such file (expected a sentencepiece .model, a tokenizer.json, a vocab.txt or a folder holding one)")
   return tok_lib.load(path)
 
 
