@@ -87,6 +87,8 @@ class _Packer:
     self.seq_len = seq_len
     self.bos, self.eos, self.pad = tok.bos_id, tok.eos_id, tok.pad_id
     self.word_start = tf.constant(np.asarray(tok.word_start_table(), np.int32))
+    after = tok.after_space_table()
+    self.after_space = None if after is None else tf.constant(np.asarray(after, np.int32))
     self.stats = stats
     self.npc = num_parallel_calls
 
@@ -98,7 +100,7 @@ class _Packer:
     offset = tf.ragged.range(lens).flat_values
     chunk_of_token = tf.repeat(first_chunk, lens) + offset // max_len
     values = ids.flat_values
-    ws = tf.gather(self.word_start, values)
+    ws = self._starts(values)
     ws = tf.where(offset % max_len == 0, 1, ws)  # the first token of a document / chunk
     nrows = tf.reduce_sum(n_chunks)
     if self.stats is not None:
@@ -108,6 +110,14 @@ class _Packer:
     chunk_ids = tf.RaggedTensor.from_value_rowids(values, chunk_of_token, nrows=nrows)
     chunk_ws = tf.RaggedTensor.from_value_rowids(ws, chunk_of_token, nrows=nrows)
     return self._wrap(chunk_ids), self._wrap(chunk_ws, special=1)
+
+  def _starts(self, values):
+    """Word-start flags of a flat run of ids (the first token of a document is set by the caller)."""
+    ws = tf.gather(self.word_start, values)
+    if self.after_space is None:
+      return ws
+    prev = tf.concat([tf.zeros([1], tf.int32), tf.gather(self.after_space, values[:-1])], 0)
+    return tf.maximum(ws, prev[:tf.size(values)])
 
   def _wrap(self, rt, special=None):
     n = rt.nrows()
@@ -171,7 +181,7 @@ class _Packer:
       r = to_ids(b)
       lens = r.row_lengths()
       offset = tf.ragged.range(lens).flat_values
-      ws = tf.where(offset == 0, 1, tf.gather(self.word_start, r.flat_values))
+      ws = tf.where(offset == 0, 1, self._starts(r.flat_values))
       ids = self._wrap(r).flat_values
       ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
       return ids, ws

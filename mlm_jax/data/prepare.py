@@ -101,6 +101,8 @@ class _Encoder:
   def __init__(self, tok: tokenizer_lib.Tokenizer, eval_percent: float):
     self.tok = tok
     self.table = np.asarray(tok.word_start_table(), np.int32)
+    after = tok.after_space_table()
+    self.after_space = None if after is None else np.asarray(after, np.int32)
     self.dtype = store_lib.id_dtype(tok.vocab_size)
     self.eval_buckets = int(round(eval_percent * 100))
 
@@ -126,6 +128,8 @@ class _Encoder:
     if toks.size == 0:
       return None
     ws = self.table[toks]
+    if self.after_space is not None:
+      ws[1:] = np.maximum(ws[1:], self.after_space[toks[:-1]])
     ends = np.cumsum([len(p) for p in parts])
     ws[0] = 1
     ws[ends[:-1][ends[:-1] < toks.size]] = 1   # each line starts a word (RoBERTa's first has no 'Ġ')

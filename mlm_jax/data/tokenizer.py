@@ -120,6 +120,14 @@ class Tokenizer:
     """Per id: 1 if the piece starts a word (or is special), else 0."""
     raise NotImplementedError
 
+  def after_space_table(self):
+    """Per id: 1 if the piece ends in whitespace, so the next piece starts a word; None if no piece does.
+
+    Byte-level BPE spells a tab or newline as a piece of its own ('ĉ', 'Ċ') and the word after it
+    has no 'Ġ'; sentencepiece and WordPiece never end a piece in whitespace.
+    """
+    return None
+
   def tf_tokenize(self) -> Callable:
     """A function: tf.string [n] -> tf.RaggedTensor int32 [n, None] of ids (tf.data maps)."""
     raise NotImplementedError

@@ -24,8 +24,10 @@ separator (`[CLS] A [SEP] B [SEP]`, from the post-processor of tokenizer.json), 
 pipeline packs and pads itself.
 
 Word starts: WordPiece pieces that do not begin with the `##` continuation prefix; byte-level BPE
-pieces that begin with `Ġ` (an encoded space). RoBERTa's first word of a line has no `Ġ`: the
-pipeline and prepare mark the first token of every document and line as a word start.
+pieces that begin with `Ġ` (an encoded space) and are not whitespace only, and the piece after
+one that ends in whitespace (a tab 'ĉ' or newline 'Ċ' piece: the word after it has no `Ġ`,
+`after_space_table`). RoBERTa's first word of a line has no `Ġ` either: the pipeline and prepare
+mark the first token of every document and line as a word start.
 """
 import dataclasses
 import json
@@ -105,12 +107,35 @@ class HFTokenizer(base.Tokenizer):
 
   def word_start_table(self) -> list:
     table = np.zeros(self.vocab_size, np.int32)
+    space = self._space_pieces()
     for piece, i in self.backend.get_vocab(with_added_tokens=True).items():
       if i < self.vocab_size:
-        table[i] = (not piece.startswith("##")) if self.kind == "wordpiece" else piece.startswith(_SPACE)
+        if self.kind == "wordpiece":
+          table[i] = not piece.startswith("##")
+        else:   # whitespace-only pieces ('Ġ' of a double space) stay with the word before them
+          table[i] = piece.startswith(_SPACE) and i not in space
     for i in list(self.special_ids) + list(self.backend.get_added_tokens_decoder()):
       if i < self.vocab_size:
         table[i] = 1
+    return table.tolist()
+
+  def _space_pieces(self) -> dict:
+    """{id: decoded text} of the byte-level pieces that end in whitespace."""
+    if self.kind != "bpe":
+      return {}
+    out = {}
+    for piece, i in self.backend.get_vocab(with_added_tokens=False).items():
+      text = self.backend.decoder.decode([piece]) if self.backend.decoder is not None else piece
+      if text and text[-1].isspace():
+        out[i] = text
+    return out
+
+  def after_space_table(self):
+    space = self._space_pieces()
+    if not space:
+      return None
+    table = np.zeros(self.vocab_size, np.int32)
+    table[[i for i in space if i < self.vocab_size]] = 1
     return table.tolist()
 
   def tf_tokenize(self):
