@@ -119,7 +119,8 @@ def add_source_flags(parser) -> None:
   src.add_argument("--workdir", help="training workdir (or a from_hf output folder)")
   src.add_argument("--hf_dir", help="transformers BERT / RoBERTa / XLM-R masked-LM folder, run by our model")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
-  parser.add_argument("--tokenizer", default=None, help="sentencepiece .model for an --hf_dir without one")
+  parser.add_argument("--tokenizer", default=None,
+                      help="tokenizer (.model, tokenizer.json, vocab.txt or a folder) for an --hf_dir without one")
 
 
 def load(workdir: str | None = None, hf_dir: str | None = None, step: int | None = None,

@@ -235,3 +235,42 @@ def test_ner_words_and_qa_offsets(folders, lines_by_lang):
       assert word in context[first:last] and len(context[first:last].strip()) <= len(word) + 2, (kind, word)
       found += 1
     assert found == len(lines)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, kind):
+  """from_hf copies the folder's tokenizer; to_hf writes it back: AutoTokenizer and fill-mask agree with ours."""
+  torch = pytest.importorskip("torch")
+  from mlm_jax import inference
+  from mlm_jax.convert import checkpoint_io as cio
+  tok = tokenizer.load(folders[kind])
+  torch.manual_seed(0)
+  small = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=48, max_position_embeddings=80)
+  if kind == "wordpiece":
+    model = transformers.BertForMaskedLM(transformers.BertConfig(**small, type_vocab_size=2, pad_token_id=tok.pad_id))
+  else:
+    model = transformers.RobertaForMaskedLM(transformers.RobertaConfig(
+        **small, type_vocab_size=1, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id))
+  src = tmp_path / "hf"
+  model.eval().save_pretrained(str(src))
+  cio.write_tokenizer_files(tok, str(src))
+  summary = cio.from_hf(str(src), str(tmp_path / "ours"))
+  assert summary["tokenizer"] == str(tmp_path / "ours" / "tokenizer" / "tokenizer.json")
+  assert tokenizer.load(summary["tokenizer"]).sha256 == tok.sha256
+  out = tmp_path / "exported"
+  files = cio.to_hf(str(tmp_path / "ours"), str(out))["files"]
+  assert "tokenizer.json" in files and "tokenizer_config.json" in files
+  hf = transformers.AutoTokenizer.from_pretrained(str(out))
+  lines = lines_by_lang["en"][:20] + lines_by_lang["ru"][:20]
+  assert hf(lines)["input_ids"] == [[tok.bos_id] + ids + [tok.eos_id] for ids in tok.encode_batch(lines)]
+  fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), top_k=5, device="cpu")
+  lm = inference.from_workdir(str(tmp_path / "ours"))
+  for text in (f"The capital of France is {tok.mask_token}.", f"{tok.mask_token} was not here, said the {tok.mask_token}"):
+    ours = inference.fill_mask(lm, text, 5)
+    theirs = fill(text)
+    theirs = [theirs] if isinstance(theirs[0], dict) else theirs
+    assert ours["ids"] == hf(text)["input_ids"]
+    for m, t in zip(ours["masks"], theirs):
+      assert [p["id"] for p in m["predictions"]] == [p["token"] for p in t], (kind, text)
+      np.testing.assert_allclose([p["probability"] for p in m["predictions"]], [p["score"] for p in t], rtol=1e-4)

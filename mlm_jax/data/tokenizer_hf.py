@@ -30,6 +30,7 @@ one that ends in whitespace (a tab 'ĉ' or newline 'Ċ' piece: the word after it
 mark the first token of every document and line as a word start.
 """
 import dataclasses
+import itertools
 import json
 import os
 
@@ -147,7 +148,7 @@ class HFTokenizer(base.Tokenizer):
       enc = backend.encode_batch_fast([b.decode("utf-8", "replace") for b in batch],
                                       add_special_tokens=False)
       lens = np.fromiter((len(e.ids) for e in enc), np.int64, len(enc))
-      flat = np.fromiter((i for e in enc for i in e.ids), np.int32, int(lens.sum()))
+      flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in enc), np.int32, int(lens.sum()))
       return flat, lens
 
     def tokenize(strings):
