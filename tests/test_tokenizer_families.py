@@ -5,10 +5,7 @@ byte-level BPE RoBERTa folder trained here with `tokenizers` on shared corpus li
 compares with transformers' AutoTokenizer on the same folder, or with what the tokenizer's own
 pre-tokenizer says a word is. tools/tokenizer_parity.py runs the id comparison on every corpus line.
 """
-import gzip
-import json
 import os
-import pathlib
 import shutil
 
 import numpy as np
@@ -266,11 +263,18 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
   assert hf(lines)["input_ids"] == [[tok.bos_id] + ids + [tok.eos_id] for ids in tok.encode_batch(lines)]
   fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), top_k=5, device="cpu")
   lm = inference.from_workdir(str(tmp_path / "ours"))
-  for text in (f"The capital of France is {tok.mask_token}.", f"{tok.mask_token} was not here, said the {tok.mask_token}"):
+  from_folder = inference.from_hf_dir(str(out))   # tools/fill_mask.py --hf_dir: the folder's own tokenizer
+  assert from_folder.tokenizer.sha256 == tok.sha256
+  for n, text in enumerate((f"The capital of France is {tok.mask_token}.",
+                            f"{tok.mask_token} was not here, said the {tok.mask_token}")):
     ours = inference.fill_mask(lm, text, 5)
     theirs = fill(text)
     theirs = [theirs] if isinstance(theirs[0], dict) else theirs
     assert ours["ids"] == hf(text)["input_ids"]
+    if n == 0:
+      again = inference.fill_mask(from_folder, text, 5)
+      assert [[p["id"] for p in m["predictions"]] for m in again["masks"]] == \
+          [[p["id"] for p in m["predictions"]] for m in ours["masks"]]
     for m, t in zip(ours["masks"], theirs):
       assert [p["id"] for p in m["predictions"]] == [p["token"] for p in t], (kind, text)
       np.testing.assert_allclose([p["probability"] for p in m["predictions"]], [p["score"] for p in t], rtol=1e-4)
