@@ -59,14 +59,17 @@ def folders(wp_dir, bpe_dir, tmp_path_factory):
   vocab_only = tmp_path_factory.mktemp("bert_vocab_txt")
   for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
     shutil.copy(os.path.join(wp_dir, name), vocab_only / name)
-  return dict(wordpiece=wp_dir, wordpiece_vocab_txt=str(vocab_only), bpe=bpe_dir)
+  merges_only = tmp_path_factory.mktemp("roberta_vocab_json")
+  for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"):
+    shutil.copy(os.path.join(bpe_dir, name), merges_only / name)
+  return dict(wordpiece=wp_dir, wordpiece_vocab_txt=str(vocab_only), bpe=bpe_dir, bpe_vocab_json=str(merges_only))
 
 
 def _hf(folder):
   return transformers.AutoTokenizer.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "wordpiece_vocab_txt", "bpe"])
+@pytest.mark.parametrize("kind", ["wordpiece", "wordpiece_vocab_txt", "bpe", "bpe_vocab_json"])
 def test_ids_equal_autotokenizer_every_language(folders, lines_by_lang, kind):
   tok, hf = tokenizer.load(folders[kind]), _hf(folders[kind])
   assert tok.family == kind.split("_")[0]
