@@ -85,7 +85,7 @@ def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], lis
     if i:
       masks.append(len(ids))
       ids.append(tok.mask_id)
-    if tok.family == "bpe" and i < len(parts) - 1:
+    if tok.mask_takes_left_space and i < len(parts) - 1:
       part = part.rstrip()   # RoBERTa's <mask> takes the space before it (lstrip), as HF encodes it
     ids += tok.encode(part)
   ids.append(tok.eos_id)

@@ -260,7 +260,8 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
   assert tokenizer.load(summary["tokenizer"]).sha256 == tok.sha256
   out = tmp_path / "exported"
   files = cio.to_hf(str(tmp_path / "ours"), str(out))["files"]
-  assert "tokenizer.json" in files and "tokenizer_config.json" in files
+  assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(files)
+  assert set(tok.files()) <= set(files) and ("vocab.txt" in files) == (kind == "wordpiece")   # every original
   hf = transformers.AutoTokenizer.from_pretrained(str(out))
   lines = lines_by_lang["en"][:20] + lines_by_lang["ru"][:20]
   assert hf(lines)["input_ids"] == [[tok.bos_id] + ids + [tok.eos_id] for ids in tok.encode_batch(lines)]

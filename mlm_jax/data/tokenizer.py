@@ -89,6 +89,11 @@ class Tokenizer:
     """The mask token as written in text (`<mask>`, `[MASK]`)."""
     return self.id_to_piece(self.mask_id)
 
+  @property
+  def mask_takes_left_space(self) -> bool:
+    """Whether the mask token absorbs the space before it in text (RoBERTa's `<mask>`, lstrip)."""
+    return False
+
   def encode(self, text: str) -> list:
     """Token ids of `text`, without BOS/EOS."""
     return self.encode_batch([text])[0]

@@ -41,7 +41,8 @@ from mlm_jax.errors import DataError
 
 MAIN_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
-_SIDE_FILES = {"vocab.json": ("merges.txt",)}
+# Files read or carried along with the main one: to_hf writes back every original file.
+_SIDE_FILES = {"vocab.json": ("merges.txt",), "tokenizer.json": ("vocab.txt", "vocab.json", "merges.txt")}
 _SPACE = "\u0120"   # 'Ġ': byte-level BPE's encoded space
 _NAMES = dict(cls=("[CLS]", "<s>"), sep=("[SEP]", "</s>"), pad=("[PAD]", "<pad>"), unk=("[UNK]", "<unk>"),
               mask=("[MASK]", "<mask>"))
@@ -72,6 +73,11 @@ class HFTokenizer(base.Tokenizer):
 
   def files(self) -> dict:
     return dict(self.source_files)
+
+  @property
+  def mask_takes_left_space(self) -> bool:
+    added = self.backend.get_added_tokens_decoder().get(self.mask_id)
+    return bool(added is not None and added.lstrip)
 
   def encode_batch(self, texts) -> list:
     return [e.ids for e in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
