@@ -11,7 +11,8 @@ rule are decided in exactly one place per family:
   folder's `tokenizer.json` (or `vocab.txt`, or `vocab.json` + `merges.txt`) run by Hugging Face
   `tokenizers` itself, special tokens from `tokenizer_config.json` / `special_tokens_map.json`.
   Word starts: pieces without the `##` continuation prefix (WordPiece), pieces beginning with
-  `Ġ` (byte-level BPE; the first piece of a document or line is a word start for every family).
+  `Ġ` and the piece after a whitespace piece such as a tab (byte-level BPE, `after_space_table`);
+  the first piece of a document or line is a word start for every family.
 
 `load` accepts a `.model`, a `tokenizer.json`, a `vocab.txt`, or a folder holding one of them:
 our `spm.model` first, then XLM-R's fairseq `sentencepiece.bpe.model` (converted to our id order),
