@@ -135,7 +135,7 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
-  """The run's sentencepiece model: `data.tokenizer`, or the one the run trained into WORKDIR/tokenizer."""
+  """The run's tokenizer: `data.tokenizer`, or the sentencepiece model the run trained into WORKDIR/tokenizer."""
   path = config.data.tokenizer if "data" in config and config.data.get("tokenizer") else ""
   return path or os.path.join(workdir, "tokenizer", "spm.model")
 
@@ -144,7 +144,7 @@ def load_tokenizer(path: str, vocab_size: int | None = None):
   """The tokenizer at `path`, checked against the model's vocabulary size."""
   from mlm_jax.data import tokenizer as tok_lib
   if "://" not in path and not os.path.exists(path):
-    raise CheckpointError(f"tokenizer model {path}: missing")
+    raise CheckpointError(f"tokenizer {path}: missing")
   tok = tok_lib.load(path)
   if vocab_size is not None and tok.vocab_size != vocab_size:
     raise CheckpointError(f"vocab size mismatch: the model has vocab_size={vocab_size} but the tokenizer "

@@ -4,7 +4,7 @@ Pretrain once, fine-tune many times: SRC is a pretraining workdir (its latest ch
 and tokenizer), a `tools/convert_checkpoint.py from_hf` folder, or a transformers folder (converted
 once into DIR/init_model by the same converter; resolve.py). A task head (mlm_jax/heads.py) goes on
 the encoder, and the labeled files of `config.task` (mlm_jax/tasks/) are tokenized with the model's
-own sentencepiece model.
+own tokenizer (sentencepiece, WordPiece or byte-level BPE).
 
 Only what is specific to tasks lives here: the task's data and batches, its evaluation (decoded and
 scored every `train.eval_every` steps: `eval_accuracy`, `eval_macro_f1`, `eval_f1`,

@@ -13,7 +13,6 @@ so both give the same ids.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 import jax
@@ -48,18 +47,18 @@ def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
 
 
 def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
-  """An HF folder run by our model; its tokenizer is its spm.model / sentencepiece.bpe.model, or `tokenizer`."""
+  """An HF folder run by our model; its tokenizer is the folder's (`tokenizer.load`), or `tokenizer`."""
   from flax import nnx
   hcfg = cio.read_hf_config(hf_dir)
   mcfg = cio.model_config(hcfg)
   if tokenizer:
     tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
   else:
-    found = cio.find_hf_tokenizer(hf_dir)
-    if found is None:
-      raise cio.ConversionError(f"{hf_dir}: missing tokenizer (no {cio.hf_tokenizer.SPM_FILE} or "
-                                "sentencepiece.bpe.model); pass --tokenizer=PATH.model")
-    tok = _tokenizer_from_bytes(*found, where=hf_dir)
+    tok = cio.folder_tokenizer(hf_dir)
+    if tok is None:
+      raise cio.ConversionError(f"{hf_dir}: missing tokenizer (no {cio.hf_tokenizer.SPM_FILE}, "
+                                "sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json); "
+                                "pass --tokenizer=PATH")
     if tok.vocab_size != mcfg.vocab_size:
       raise cio.ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} "
                                 f"but its tokenizer has {tok.vocab_size} pieces")
@@ -72,23 +71,14 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
 
 
 def _tokenizer_from_bytes(proto: bytes, ids: dict | None, where: str) -> tok_lib.Tokenizer:
-  """Loads through `tokenizer.load` (the one place special ids are decided) from a scratch copy."""
-  import json
-  import tempfile
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, "spm.model")
-    with open(path, "wb") as f:
-      f.write(proto)
-    if ids:
-      with open(tok_lib.special_ids_path(path), "w", encoding="utf-8") as f:
-        json.dump(ids, f)
-    tok = ckpt_lib.load_tokenizer(path)
-  return dataclasses.replace(tok, model_path=where)
+  """A sentencepiece model held in memory, loaded through `tokenizer.load`'s sentencepiece path."""
+  from mlm_jax.data import tokenizer_spm
+  return tokenizer_spm.from_bytes(proto, ids, where)
 
 
 def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], list[int]]:
   """(ids with BOS/EOS, indices of the mask tokens); raises ValueError when the text has no mask."""
-  strings = sorted({MASK_STRING, tok.id_to_piece(tok.mask_id)}, key=len, reverse=True)
+  strings = sorted({MASK_STRING, tok.mask_token}, key=len, reverse=True)
   parts = re.split("|".join(re.escape(s) for s in strings), text)
   if len(parts) == 1:
     raise UserError(f"no mask token in {text!r}: write {' or '.join(repr(s) for s in strings)} where a "
@@ -98,6 +88,8 @@ def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], lis
     if i:
       masks.append(len(ids))
       ids.append(tok.mask_id)
+    if tok.mask_takes_left_space and i < len(parts) - 1:
+      part = part.rstrip()   # RoBERTa's <mask> takes the space before it (lstrip), as HF encodes it
     ids += tok.encode(part)
   ids.append(tok.eos_id)
   return ids, masks
@@ -130,7 +122,8 @@ def add_source_flags(parser) -> None:
   src.add_argument("--workdir", help="training workdir (or a from_hf output folder)")
   src.add_argument("--hf_dir", help="transformers BERT / RoBERTa / XLM-R masked-LM folder, run by our model")
   parser.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
-  parser.add_argument("--tokenizer", default=None, help="sentencepiece .model for an --hf_dir without one")
+  parser.add_argument("--tokenizer", default=None,
+                      help="tokenizer (.model, tokenizer.json, vocab.txt or a folder) for an --hf_dir without one")
 
 
 def load(workdir: str | None = None, hf_dir: str | None = None, step: int | None = None,

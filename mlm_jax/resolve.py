@@ -287,8 +287,8 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   config.init_from = source
   path = config.tokenizer or ckpt_lib.tokenizer_path(source, source_cfg)
   if not os.path.exists(path) and "://" not in path:
-    raise ConfigError(f"{source}: no sentencepiece tokenizer at {path}; pass --config.tokenizer=MODEL "
-                      "(a transformers folder needs its spm.model or sentencepiece.bpe.model)")
+    raise ConfigError(f"{source}: no tokenizer at {path}; pass --config.tokenizer=PATH (a transformers folder "
+                      "needs its spm.model, sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json)")
   config.tokenizer = path
   tok = ckpt_lib.load_tokenizer(path, model.vocab_size)
   o = config.optimizer

@@ -9,12 +9,13 @@
 With --store, times the store pipeline (no tokenization at training time) on the same batch
 shape, and the first batch after set_state at global batch 0, 1e4 and 1e6 (resume cost).
 
-Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, in-graph sentencepiece,
+Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
+sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
 segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
 steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
 second (what the train step consumes); real_tokens_per_sec leaves padding out.
 
-Peer in the same run: a plain Python loop of sentencepiece encode (one call per document, the
+Peer in the same run: a plain Python loop of the tokenizer's encode (one call per document, the
 same documents, already in memory) + concatenation into seq_len blocks + transformers'
 DataCollatorForLanguageModeling (torch tensors, mlm_probability 0.15), as run_mlm.py does it.
 
@@ -121,13 +122,13 @@ def _bench_peer(args, cfg, tok):
       tokenizer_object=HFTokenizer(WordLevel(vocab, unk_token=names["unk_token"])), **names)
   collator = transformers.DataCollatorForLanguageModeling(
       tokenizer=hf_tok, mlm=True, mlm_probability=0.15, return_tensors="pt")
-  sp, s, bsz = tok.processor, cfg.seq_len, args.batch_size
+  s, bsz = cfg.seq_len, args.batch_size
   special = set(tok.special_ids)
 
   def batches():
     buf, examples, i = [], [], 0
     while True:
-      ids = sp.encode(docs[i % len(docs)])
+      ids = tok.encode(docs[i % len(docs)])
       i += 1
       buf.extend([tok.bos_id] + ids + [tok.eos_id])
       while len(buf) >= s:
@@ -155,7 +156,8 @@ def main(argv=None):
   p.add_argument("--input", action="append", help=f"name=spec, repeatable (default en={DEFAULT_INPUT})")
   p.add_argument("--doc_format", default="blank_line", choices=("line", "blank_line"))
   p.add_argument("--packing", default="segmented", choices=("segmented", "concat"))
-  p.add_argument("--tokenizer", default="", help=".model path; default: train one (cached in /tmp)")
+  p.add_argument("--tokenizer", default="", help="tokenizer (.model, tokenizer.json, vocab.txt or a folder); "
+                 "default: train a sentencepiece model (cached in /tmp)")
   p.add_argument("--vocab_size", type=int, default=32000)
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--batch_size", type=int, default=32)

@@ -4,8 +4,9 @@
   python tools/convert_checkpoint.py to_hf --workdir=DIR [--step=N] --out=HF_DIR [--arch=bert|roberta|xlm-roberta|modernbert]
   python tools/convert_checkpoint.py from_hf --hf_dir=HF_DIR --out=DIR [--tokenizer=spm.model]
 
-to_hf writes config.json, model.safetensors and tokenizer files (tokenizer.json and friends, plus
-the sentencepiece model) that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
+to_hf writes config.json, model.safetensors and tokenizer files (for a sentencepiece model:
+tokenizer.json and friends, plus the model; for WordPiece / byte-level BPE: the original files)
+that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
 `pipeline("fill-mask")` load, with exactly our token ids. It runs on one CPU whatever mesh wrote
 the checkpoint. --arch defaults to modernbert for a model of ModernBERT's structure (pre-LN, rotary,
 GeGLU, embedding norm, no attention norm in layer 0), else bert for models with positions from 0,
@@ -13,7 +14,9 @@ else xlm-roberta.
 
 from_hf reads a transformers folder (model.safetensors; a pytorch_model.bin only with
 torch.load(weights_only=True)) and writes DIR/config.json, DIR/checkpoints/0 and, when the folder
-has a sentencepiece tokenizer (ours, or XLM-R's sentencepiece.bpe.model), DIR/tokenizer/spm.model.
+has a tokenizer, DIR/tokenizer/: spm.model for a sentencepiece one (ours, or XLM-R's
+sentencepiece.bpe.model), the folder's own files for WordPiece (vocab.txt / tokenizer.json) and
+byte-level BPE (tokenizer.json / vocab.json + merges.txt).
 It prints the flags that continue pretraining from it:
   python -m mlm_jax.train --config=configs/xlmr_base.py --workdir=RUN <printed flags> --config.data.sources=...
 
@@ -42,7 +45,8 @@ def _parser():
   f.add_argument("--hf_dir", required=True, help="folder with config.json and model.safetensors")
   f.add_argument("--out", required=True, help="output folder (config.json, checkpoints/0, tokenizer/)")
   f.add_argument("--tokenizer", default=None,
-                 help="sentencepiece .model to pair with the weights (default: the folder's own, if any)")
+                 help="tokenizer to pair with the weights: .model, tokenizer.json, vocab.txt or a folder "
+                 "(default: the folder's own, if any)")
   f.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
   for sub_parser in (t, f):
     runtime.add_verbosity_flag(sub_parser)
@@ -66,7 +70,7 @@ def main(argv=None) -> int:
       if summary["fresh_head"]:
         print(f"note: {a.hf_dir} has no MLM head (a base model): the head is freshly initialized")
       if summary["tokenizer"] is None:
-        print("note: the HF folder has no sentencepiece tokenizer; pass --config.data.tokenizer=MODEL with "
+        print("note: the HF folder has no tokenizer; pass --config.data.tokenizer=PATH with "
               "the same vocabulary size when training")
       print("continue pretraining with:\n  python -m mlm_jax.train --config=CONFIG --workdir=RUN "
             + " ".join(summary["train_flags"]) + " --config.data.sources=...")

@@ -26,7 +26,8 @@ def main(argv=None):
   from mlm_jax.errors import UserError
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sources", action="append", required=True, help="name=spec, repeatable")
-  p.add_argument("--tokenizer", required=True, help="sentencepiece .model path")
+  p.add_argument("--tokenizer", required=True,
+                 help="sentencepiece .model, tokenizer.json, vocab.txt, or a transformers folder")
   p.add_argument("--out", required=True, help="store directory")
   p.add_argument("--doc_format", default="line", choices=("line", "blank_line"))
   p.add_argument("--eval_percent", type=float, default=1.0)

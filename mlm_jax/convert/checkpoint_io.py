@@ -3,14 +3,17 @@
 `hf.py` maps tensors; this module reads and writes the folders around them:
 
 * `to_hf(workdir, out)`: WORKDIR/config.json + WORKDIR/checkpoints/<step> + the run's tokenizer ->
-  config.json, model.safetensors (never pickle) and tokenizer files (hf_tokenizer.py) that
-  `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained` load. Parameters are restored onto one
+  config.json, model.safetensors (never pickle) and tokenizer files that
+  `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained` load: a sentencepiece model as the
+  tokenizer.json hf_tokenizer.py builds from it, a WordPiece / byte-level BPE tokenizer as the
+  original files it was loaded from (tokenizer.json, vocab files, tokenizer_config.json, ...). Parameters are restored onto one
   device whatever mesh wrote them, so a pod checkpoint converts on a laptop CPU.
 * `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R / ModernBERT masked LM (safetensors, or a
   pytorch_model.bin read with `torch.load(weights_only=True)`) -> OUT/config.json, an orbax
   checkpoint at OUT/checkpoints/0 whose 'state' item has our `params` subtree (what
-  `config.init_from` / `checkpoint.load_params` reads) and OUT/tokenizer/spm.model when the folder
-  carries a sentencepiece model we can express in our layouts.
+  `config.init_from` / `checkpoint.load_params` reads) and OUT/tokenizer/ with the folder's
+  tokenizer: spm.model for a sentencepiece model (ours, or XLM-R's fairseq one in our id order),
+  the folder's own tokenizer files for WordPiece (BERT) and byte-level BPE (RoBERTa).
 
 Everything is read, converted and checked in memory before the first byte is written, and an
 existing non-empty output folder is refused unless `overwrite`, so a failed conversion never
@@ -26,14 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import ml_collections
-from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import errors
 from mlm_jax.convert import hf, hf_tokenizer, modernbert
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data import tokenizer_hf, tokenizer_spm
 
-_Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
 ConversionError = errors.ConversionError
@@ -63,7 +65,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   config = ckpt_lib.read_config(workdir)
   mcfg = config.model
   tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
-  arch = arch or default_arch(mcfg)
+  arch = arch or ("roberta" if tok.family == "bpe" and mcfg.position_offset else default_arch(mcfg))
   if arch not in hf.ARCHS:
     raise ConversionError(f"unknown architecture --arch={arch!r}: expected one of {', '.join(hf.ARCHS)}")
   try:
@@ -90,7 +92,10 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     json.dump(hcfg, f, indent=2, sort_keys=True)
   save_file(state_dict, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
   files = ["config.json", "model.safetensors"]
-  files += hf_tokenizer.write(tok, out, model_max_length=mcfg.max_position_embeddings - mcfg.position_offset)
+  if tok.family == "sentencepiece":
+    files += hf_tokenizer.write(tok, out, model_max_length=mcfg.max_position_embeddings - mcfg.position_offset)
+  else:   # WordPiece / byte-level BPE: the original files are what AutoTokenizer reads
+    files += write_tokenizer_files(tok, out)
   return dict(step=step, arch=arch, files=files, out=out, **({"note": dropped} if dropped else {}))
 
 
@@ -185,55 +190,44 @@ def _canonical_names(sd: dict, arch: str) -> dict:
 
 
 def fairseq_xlmr_to_ours(proto_bytes: bytes) -> bytes:
-  """transformers' XLM-R sentencepiece.bpe.model (fairseq ids = sentencepiece id + 1) in our xlmr layout.
-
-  fairseq puts <s> <pad> </s> <unk> at 0..3 and the model's own pieces from 3 on at id + 1, with
-  <mask> last; rewriting the piece list in that order makes sentencepiece itself produce
-  transformers' ids, with no shift anywhere else.
-  """
-  m = sentencepiece_model_pb2.ModelProto()
-  m.ParseFromString(proto_bytes)
-  pieces = list(m.pieces)
-  if len(pieces) < 3 or pieces[0].type != _Piece.UNKNOWN:
-    raise ConversionError("sentencepiece.bpe.model does not have fairseq's layout (<unk> <s> </s> first)")
-  rest = [(p.piece, p.score, p.type) for p in pieces[3:]]
-  del m.pieces[:]
-  for piece, typ in (("<s>", _Piece.CONTROL), ("<pad>", _Piece.CONTROL), ("</s>", _Piece.CONTROL),
-                     ("<unk>", _Piece.UNKNOWN)):
-    m.pieces.add(piece=piece, score=0.0, type=typ)
-  for piece, score, typ in rest:
-    m.pieces.add(piece=piece, score=score, type=typ)
-  m.pieces.add(piece="<mask>", score=0.0, type=_Piece.CONTROL)
-  spec = m.trainer_spec
-  spec.bos_id, spec.pad_id, spec.eos_id, spec.unk_id = 0, 1, 2, 3
-  spec.vocab_size = len(m.pieces)
-  return m.SerializeToString()
+  """transformers' XLM-R sentencepiece.bpe.model in our xlmr layout (data/tokenizer_spm.py)."""
+  try:
+    return tokenizer_spm.fairseq_xlmr_to_ours(proto_bytes)
+  except errors.DataError as e:
+    raise ConversionError(str(e)) from None
 
 
 def find_hf_tokenizer(hf_dir: str) -> tuple[bytes, dict] | None:
-  """(sentencepiece model bytes, special ids JSON) for a folder's tokenizer, or None.
+  """(sentencepiece model bytes, special ids JSON) of a folder's sentencepiece tokenizer, or None.
 
   Our own export carries spm.model; transformers' XLM-R folders carry fairseq's
-  sentencepiece.bpe.model. WordPiece (BERT) and byte-level BPE (RoBERTa) vocabularies have no
-  sentencepiece equivalent: continue pretraining those needs a --tokenizer of the same size.
+  sentencepiece.bpe.model. For any family, see `folder_tokenizer`.
   """
-  ours = os.path.join(hf_dir, hf_tokenizer.SPM_FILE)
-  if os.path.exists(ours):
-    with open(ours, "rb") as f:
-      proto = f.read()
-    ids_path = tok_lib.special_ids_path(ours)
-    ids = None
-    if os.path.exists(ids_path):
-      with open(ids_path, encoding="utf-8") as f:
-        ids = json.load(f)
-    return proto, ids
-  fairseq = os.path.join(hf_dir, "sentencepiece.bpe.model")
-  if os.path.exists(fairseq):
-    with open(fairseq, "rb") as f:
-      proto = fairseq_xlmr_to_ours(f.read())
-    n = sentencepiece_model_pb2.ModelProto.FromString(proto).pieces
-    return proto, dict(layout="xlmr", bos_id=0, pad_id=1, eos_id=2, unk_id=3, mask_id=len(n) - 1)
-  return None
+  tok = folder_tokenizer(hf_dir)
+  if tok is None or tok.family != "sentencepiece":
+    return None
+  files = tok.files()
+  return files[tokenizer_spm.SPM_FILE], json.loads(files[tok_lib.special_ids_path(tokenizer_spm.SPM_FILE)])
+
+
+def folder_tokenizer(hf_dir: str) -> tok_lib.Tokenizer | None:
+  """The tokenizer a transformers folder carries (`tokenizer.load`'s choice), or None without one."""
+  names = (tokenizer_spm.SPM_FILE, tokenizer_spm.FAIRSEQ_FILE) + tokenizer_hf.MAIN_FILES
+  if not any(os.path.exists(os.path.join(hf_dir, n)) for n in names):
+    return None
+  try:
+    return tok_lib.load(hf_dir)
+  except errors.DataError as e:
+    raise ConversionError(str(e)) from None
+
+
+def write_tokenizer_files(tok: tok_lib.Tokenizer, folder: str) -> list[str]:
+  """Writes `tok.files()` into `folder` (a from_hf output's tokenizer/, an exported HF folder)."""
+  os.makedirs(folder, exist_ok=True)
+  for name, data in tok.files().items():
+    with open(os.path.join(folder, name), "wb") as f:
+      f.write(data)
+  return sorted(tok.files())
 
 
 def model_config(hcfg: dict) -> ml_collections.ConfigDict:
@@ -281,7 +275,7 @@ def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str)
 
 
 def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool = False) -> dict:
-  """Writes OUT/{config.json, checkpoints/0, tokenizer/spm.model}; returns a summary with the train flags."""
+  """Writes OUT/{config.json, checkpoints/0, tokenizer/}; returns a summary with the train flags."""
   from mlm_jax.defaults import default_config
   _check_out(out, overwrite)
   ckpt_dir = os.path.join(out, "checkpoints")
@@ -295,38 +289,25 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   sd, source = read_hf_weights(hf_dir)
   _, params, fresh_head = params_from_state_dict(sd, mcfg, arch)
 
-  if tokenizer:
-    tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
-    ids = dict(layout=tok.layout, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
-               mask_id=tok.mask_id)
-    tok_files = (tok.model_proto, ids)
-  else:
-    tok_files = find_hf_tokenizer(hf_dir)
-  if tok_files is not None:
-    n = len(sentencepiece_model_pb2.ModelProto.FromString(tok_files[0]).pieces)
-    if n != mcfg.vocab_size:
-      raise ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} but "
-                            f"its sentencepiece tokenizer has {n} pieces")
+  tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size) if tokenizer else folder_tokenizer(hf_dir)
+  if tok is not None and tok.vocab_size != mcfg.vocab_size:
+    raise ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} but "
+                          f"its {tok.family} tokenizer has {tok.vocab_size} pieces")
 
   config = default_config()
   config.model.update(mcfg.to_dict())
   config.init_from = os.path.abspath(out)
-  spm_path = os.path.join(os.path.abspath(out), "tokenizer", "spm.model")
-  if tok_files is not None:
-    config.data.tokenizer = spm_path
-    if tok_files[1]:
-      config.tokenizer.layout = tok_files[1]["layout"]
+  tok_dir = os.path.join(os.path.abspath(out), "tokenizer")
+  tok_path = os.path.join(tok_dir, tok.main_file) if tok is not None else None
+  if tok is not None:
+    config.data.tokenizer = tok_path
+    config.tokenizer.layout = tok.layout
   config.tokenizer.vocab_size = mcfg.vocab_size
 
   os.makedirs(out, exist_ok=True)
-  if tok_files is not None:
-    os.makedirs(os.path.dirname(spm_path), exist_ok=True)
-    with open(spm_path, "wb") as f:
-      f.write(tok_files[0])
-    if tok_files[1]:
-      with open(tok_lib.special_ids_path(spm_path), "w", encoding="utf-8") as f:
-        json.dump(tok_files[1], f, indent=1, sort_keys=True)
-    ckpt_lib.load_tokenizer(spm_path, mcfg.vocab_size)   # the written pair loads and agrees
+  if tok is not None:
+    write_tokenizer_files(tok, tok_dir)
+    ckpt_lib.load_tokenizer(tok_path, mcfg.vocab_size)   # the written files load and agree
   ckpt = ckpt_lib.Checkpointer(out, keep=1, async_save=False)
   state = {"params": jax.tree.map(jnp.asarray, params), "step": jnp.zeros((), jnp.int32)}
   ckpt.save(0, state, {"from_hf": os.path.abspath(hf_dir), "weights": os.path.basename(source)})
@@ -334,5 +315,4 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
   flags = [f"--config.init_from={config.init_from}"]   # the model and tokenizer come from there
-  return dict(arch=arch, out=out, weights=source, tokenizer=spm_path if tok_files is not None else None,
-              train_flags=flags, fresh_head=fresh_head)
+  return dict(arch=arch, out=out, weights=source, tokenizer=tok_path, train_flags=flags, fresh_head=fresh_head)

@@ -10,7 +10,8 @@ import ml_collections
 def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.seq_len = 128
-  # Path to the sentencepiece .model (its .special_ids.json next to it gives the special ids).
+  # The tokenizer: a sentencepiece .model (its .special_ids.json next to it gives the special ids), a
+  # tokenizer.json / vocab.txt (WordPiece, byte-level BPE), or a folder holding one (data/tokenizer.py).
   d.tokenizer = ""
   # Training corpora, each 'name=spec' (the name labels logs and the mixing weights). Specs:
   #   GLOB[,GLOB]              text files, .gz read transparently (local or gs://)
@@ -51,7 +52,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.per_host = "shard"
   d.tfds_data_dir = ""           # '' = TFDS default (~/tensorflow_datasets)
   # tf.data performance knobs (tools/benchmark.py input reports what they were).
-  d.tokenize_batch = 128         # documents per in-graph sentencepiece call
+  d.tokenize_batch = 128         # documents per tokenizer call
   d.num_parallel_calls = -1      # -1 = tf.data.AUTOTUNE
   d.num_parallel_reads = 4       # files read at once (deterministic interleave)
   d.threads = 0                  # tf.data private thread pool size; 0 = TF's shared pool

@@ -1,17 +1,19 @@
-"""tf.data pipeline: documents -> in-graph sentencepiece -> packed rows -> mixed, batched, resumable.
+"""tf.data pipeline: documents -> tokenizer -> packed rows -> mixed, batched, resumable.
 
 Public interface:
 
   Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
            split='train')
-    data_config: `config.data` (see mlm_jax/data/config.py); tokenizer: a `Tokenizer` or the
-    path of its .model; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
+    data_config: `config.data` (see mlm_jax/data/config.py); tokenizer: a `Tokenizer` or a
+    path `tokenizer.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
     shape [batch_size, seq_len]:
       input_ids    tokens; padding = tokenizer.pad_id
       segment_ids  0 on padding; segmented: documents of a row numbered 1, 2, ...; concat: 1
       positions    segmented: 0.. restarting at each document; concat: 0..seq_len-1; 0 on padding
-      word_starts  1 on a piece starting with '▁', on every special token and on the first token
-                   of a document (of a chunk of a split document, of a concat row); else 0
+      word_starts  1 on a piece that starts a word (`Tokenizer.word_start_table`: '▁' for
+                   sentencepiece, no '##' for WordPiece, 'Ġ' for byte-level BPE), on every special
+                   token and on the first token of a document (of a chunk of a split document, of
+                   a concat row); else 0
     Every document (or chunk of at most seq_len-2 tokens of a longer one) is wrapped in BOS/EOS.
     split='train': sources repeated forever, shuffled with `seed`, mixed with p_i ∝ n_i^alpha.
     split='eval': `eval_sources` (or the hash-held-out `eval_percent` % of `sources`), in order,
@@ -22,6 +24,10 @@ Public interface:
 
   build_dataset(...) -> tf.data.Dataset of those batches (optionally with a per-row `source`
     index), for tools and tests.
+
+Tokenization is one call per batch of `tokenize_batch` documents: in-graph tensorflow_text for
+sentencepiece, Hugging Face `tokenizers` in a `tf.numpy_function` for WordPiece and byte-level BPE
+(mlm_jax/data/tokenizer_hf.py says why).
 
 Segmented packing is next-fit within each tokenized batch of `tokenize_batch` documents (a
 stateless, parallel map); concat packing carries the open row across batches (a tf.data scan).
@@ -38,7 +44,6 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text as tf_text
 
 from mlm_jax import choices
 from mlm_jax.data import sources as sources_lib
@@ -82,6 +87,8 @@ class _Packer:
     self.seq_len = seq_len
     self.bos, self.eos, self.pad = tok.bos_id, tok.eos_id, tok.pad_id
     self.word_start = tf.constant(np.asarray(tok.word_start_table(), np.int32))
+    after = tok.after_space_table()
+    self.after_space = None if after is None else tf.constant(np.asarray(after, np.int32))
     self.stats = stats
     self.npc = num_parallel_calls
 
@@ -93,7 +100,7 @@ class _Packer:
     offset = tf.ragged.range(lens).flat_values
     chunk_of_token = tf.repeat(first_chunk, lens) + offset // max_len
     values = ids.flat_values
-    ws = tf.gather(self.word_start, values)
+    ws = self._starts(values)
     ws = tf.where(offset % max_len == 0, 1, ws)  # the first token of a document / chunk
     nrows = tf.reduce_sum(n_chunks)
     if self.stats is not None:
@@ -103,6 +110,14 @@ class _Packer:
     chunk_ids = tf.RaggedTensor.from_value_rowids(values, chunk_of_token, nrows=nrows)
     chunk_ws = tf.RaggedTensor.from_value_rowids(ws, chunk_of_token, nrows=nrows)
     return self._wrap(chunk_ids), self._wrap(chunk_ws, special=1)
+
+  def _starts(self, values):
+    """Word-start flags of a flat run of ids (the first token of a document is set by the caller)."""
+    ws = tf.gather(self.word_start, values)
+    if self.after_space is None:
+      return ws
+    prev = tf.concat([tf.zeros([1], tf.int32), tf.gather(self.after_space, values[:-1])], 0)
+    return tf.maximum(ws, prev[:tf.size(values)])
 
   def _wrap(self, rt, special=None):
     n = rt.nrows()
@@ -166,7 +181,7 @@ class _Packer:
       r = to_ids(b)
       lens = r.row_lengths()
       offset = tf.ragged.range(lens).flat_values
-      ws = tf.where(offset == 0, 1, tf.gather(self.word_start, r.flat_values))
+      ws = tf.where(offset == 0, 1, self._starts(r.flat_values))
       ids = self._wrap(r).flat_values
       ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
       return ids, ws
@@ -203,15 +218,15 @@ class _Packer:
     return pieces.scan(init, step).unbatch()
 
 
-def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, sp, tokenize_batch: int):
+def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, tokenize, tokenize_batch: int):
   """Documents -> (batches of documents, batch -> ragged int32 ids).
 
-  Tokenization runs inside the packer's first parallel map, one sentencepiece call per batch:
+  Tokenization runs inside the packer's first parallel map, one tokenizer call per batch:
   every separate tf.data stage costs per-element overhead that shows on small CPUs.
   """
   if pretokenized:
     return docs.ragged_batch(tokenize_batch), lambda r: r
-  return docs.batch(tokenize_batch), sp.tokenize
+  return docs.batch(tokenize_batch), tokenize
 
 
 def _source_sizes(srcs, overrides: Sequence[str]) -> list:
@@ -258,7 +273,7 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
 
   if stats is None:  # long lines are cut (and strict applies) whether or not anyone counts
     stats = new_stats(c)
-  sp = tf_text.SentencepieceTokenizer(model=tok.model_proto, out_type=tf.int32)
+  tokenize = tok.tf_tokenize()
   npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
   packer = _Packer(tok, c.seq_len, stats, npc)
   rows = []
@@ -271,7 +286,7 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     if train and c.shuffle_buffer > 0:
       docs = docs.shuffle(c.shuffle_buffer, seed=_seed(seed, 2, i, process_index),
                           reshuffle_each_iteration=True)
-    doc_batches, to_ids = _doc_batches(docs, src.tokenized, sp, c.tokenize_batch)
+    doc_batches, to_ids = _doc_batches(docs, src.tokenized, tokenize, c.tokenize_batch)
     pack = packer.segmented if c.packing == "segmented" else packer.concat
     r = pack(doc_batches, to_ids, finite=not repeat)
     if with_source:

@@ -21,7 +21,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import sys
 import time
 from typing import Callable, Optional, Sequence
@@ -35,7 +34,7 @@ from mlm_jax.data import tokenizer as tokenizer_lib
 from mlm_jax.data.sources import DataError, list_files, parse_sources
 
 TFDS_UNITS = 16
-_BATCH = 256  # documents per sentencepiece call
+_BATCH = 256  # documents per tokenizer call
 DEFAULT_MAX_LINE_BYTES = 1 << 16
 
 
@@ -102,6 +101,8 @@ class _Encoder:
   def __init__(self, tok: tokenizer_lib.Tokenizer, eval_percent: float):
     self.tok = tok
     self.table = np.asarray(tok.word_start_table(), np.int32)
+    after = tok.after_space_table()
+    self.after_space = None if after is None else np.asarray(after, np.int32)
     self.dtype = store_lib.id_dtype(tok.vocab_size)
     self.eval_buckets = int(round(eval_percent * 100))
 
@@ -127,8 +128,11 @@ class _Encoder:
     if toks.size == 0:
       return None
     ws = self.table[toks]
-    ws[0] = 1
+    if self.after_space is not None:
+      ws[1:] = np.maximum(ws[1:], self.after_space[toks[:-1]])
     ends = np.cumsum([len(p) for p in parts])
+    ws[0] = 1
+    ws[ends[:-1][ends[:-1] < toks.size]] = 1   # each line starts a word (RoBERTa's first has no 'Ġ')
     return store_lib.encode_doc(toks, ws, ends, self.dtype), int(toks.size)
 
 
@@ -202,6 +206,11 @@ def run_unit(root: str, unit: Unit, opts: Options, enc: _Encoder, progress=None)
   return marker
 
 
+def _write_bytes(path, data):
+  with open(path, "wb") as f:
+    f.write(data)
+
+
 def _save_npy(path, array):
   with open(path, "wb") as f:
     np.save(f, array)
@@ -262,18 +271,14 @@ def _done(root: str, unit: Unit) -> bool:
 
 
 def _pin_options(root: str, opts: Options, tok: tokenizer_lib.Tokenizer) -> str:
-  """Copies the tokenizer into the store and pins the options; returns the tokenizer sha256."""
+  """Copies the tokenizer's files into the store and pins the options; returns the tokenizer sha256."""
   tok_dir = os.path.join(root, store_lib.TOKENIZER_DIR)
   os.makedirs(tok_dir, exist_ok=True)
-  model = os.path.join(tok_dir, store_lib.TOKENIZER_MODEL)
-  if not os.path.exists(model):
-    _write_atomic(model, lambda t: shutil.copyfile(opts.tokenizer, t))
-  ids = dict(layout=tok.layout, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
-             unk_id=tok.unk_id, mask_id=tok.mask_id)
-  ids_path = tokenizer_lib.special_ids_path(model)
-  if not os.path.exists(ids_path):
-    _write_atomic(ids_path, lambda t: _write_json(t, ids))
-  sha = store_lib.sha256_file(opts.tokenizer)
+  for name, data in tok.files().items():
+    path = os.path.join(tok_dir, name)
+    if not os.path.exists(path):
+      _write_atomic(path, lambda t, data=data: _write_bytes(t, data))
+  sha = tok.sha256
   key = opts.key(sha)
   pinned = os.path.join(root, "prepare.json")
   if not os.path.exists(pinned):
@@ -371,7 +376,7 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
                if ".tmp-" not in n}
   manifest = dict(
       format_version=store_lib.FORMAT_VERSION, options=opts.key(sha),
-      tokenizer=dict(model=f"{store_lib.TOKENIZER_DIR}/{store_lib.TOKENIZER_MODEL}", sha256=sha,
+      tokenizer=dict(model=f"{store_lib.TOKENIZER_DIR}/{tok.main_file}", sha256=sha, family=tok.family,
                      files=tok_files, vocab_size=tok.vocab_size, layout=tok.layout,
                      pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
                      mask_id=tok.mask_id, id_dtype=store_lib.id_dtype(tok.vocab_size).name),

@@ -4,8 +4,10 @@ A store is a directory written once by `tools/prepare_data.py` (mlm_jax/data/pre
 
   manifest.json                  format version, tokenizer (files, sha256, special ids), per
                                  source its units, documents, tokens and shards; written last
-  tokenizer/spm.model            the tokenizer the documents were encoded with (and its
-  tokenizer/spm.special_ids.json   special ids), so training needs no `data.tokenizer`
+  tokenizer/                     the files of the tokenizer the documents were encoded with
+                                 (spm.model + spm.special_ids.json, or a transformers folder's
+                                 tokenizer.json / vocab.txt / ... with its config files), so
+                                 training needs no `data.tokenizer`
   data/<source>/<unit>.train.arrayrecord   training documents of one work unit (input file)
   data/<source>/<unit>.eval.arrayrecord    its held-out documents (stable hash of the text)
   data/<source>/<unit>.lens.npy  int32 token counts: train documents, then eval documents
@@ -138,15 +140,17 @@ class Store:
 
   @property
   def tokenizer_path(self) -> str:
-    return os.path.join(self.root, TOKENIZER_DIR, TOKENIZER_MODEL)
+    """The tokenizer's main file inside the store (`tokenizer.load` takes it)."""
+    model = self.manifest["tokenizer"].get("model", f"{TOKENIZER_DIR}/{TOKENIZER_MODEL}")
+    return os.path.join(self.root, model)
 
   def check_tokenizer(self, model_path: str) -> None:
     """A `data.tokenizer` given beside a store must be the store's own (same sha256)."""
+    from mlm_jax.data import tokenizer as tokenizer_lib
     want = self.manifest["tokenizer"]["sha256"]
-    try:
-      got = sha256_file(model_path)
-    except OSError as e:
-      raise DataError(f"cannot read data.tokenizer {model_path}: {e.strerror}") from None
+    if "://" not in model_path and not os.path.exists(model_path):
+      raise DataError(f"cannot read data.tokenizer {model_path}: no such file or folder")
+    got = tokenizer_lib.sha256_of(model_path)
     if got != want:
       raise DataError(f"data.tokenizer {model_path} (sha256 {got[:16]}) is not the tokenizer of "
                       f"store {self.root} (sha256 {want[:16]}); leave data.tokenizer empty")

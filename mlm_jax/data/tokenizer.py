@@ -1,19 +1,32 @@
-"""SentencePiece tokenizer: training with language-balanced sampling, and one loaded object.
+"""One tokenizer interface over three families, `load(path)`, and sentencepiece training.
 
-Every consumer (the tf.data pipeline, the training loop, the conversion and fill-mask tools)
-goes through `load(path) -> Tokenizer`, so special ids are decided in exactly one place: the
-JSON written next to the model at training time (`<prefix>.special_ids.json`), or, for a model
-trained elsewhere, inferred from its pieces.
+Every consumer (the tf.data pipeline, prepare, fine-tuning features, the conversion, fill-mask
+and evaluation tools) goes through `load(path) -> Tokenizer`, so special ids and the word-start
+rule are decided in exactly one place per family:
 
-Two special-token layouts:
+* sentencepiece (`tokenizer_spm.py`): a `.model` file, its special ids in the JSON written next
+  to it at training time (`<prefix>.special_ids.json`) or inferred from its pieces. Word starts:
+  pieces beginning with `▁`. Tokenized in-graph by tensorflow_text on the streaming path.
+* WordPiece (BERT) and byte-level BPE (RoBERTa / GPT-2) (`tokenizer_hf.py`): a transformers
+  folder's `tokenizer.json` (or `vocab.txt`, or `vocab.json` + `merges.txt`) run by Hugging Face
+  `tokenizers` itself, special tokens from `tokenizer_config.json` / `special_tokens_map.json`.
+  Word starts: pieces without the `##` continuation prefix (WordPiece), pieces beginning with
+  `Ġ` and the piece after a whitespace piece such as a tab (byte-level BPE, `after_space_table`);
+  the first piece of a document or line is a word start for every family.
 
-* `xlmr` (also RoBERTa): `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, ..., `<mask>`=vocab_size-1.
-  SentencePiece puts user/control symbols right after its reserved ids, so `<mask>` cannot be
-  made last by a trainer flag: we train vocab_size-1 pieces and append `<mask>` to the
-  ModelProto as a CONTROL piece (control pieces are never produced from text, in the Python
-  processor and in tensorflow_text alike).
-* `bert`: `[PAD]`=0, `[UNK]`=1, `[CLS]`=2, `[SEP]`=3, `[MASK]`=4 (CLS/SEP are sentencepiece's
-  bos/eos pieces, so `bos_id`/`eos_id` mean CLS/SEP here).
+`load` accepts a `.model`, a `tokenizer.json`, a `vocab.txt`, or a folder holding one of them:
+our `spm.model` first, then XLM-R's fairseq `sentencepiece.bpe.model` (converted to our id order),
+then `tokenizer.json` (what AutoTokenizer uses), then `vocab.txt`, then `vocab.json` + `merges.txt`.
+
+Two special-token layouts, which decide how sentence pairs are joined (tasks/features.py):
+
+* `xlmr` (also RoBERTa): `<s> A </s></s> B </s>`. Our sentencepiece models: `<s>`=0, `<pad>`=1,
+  `</s>`=2, `<unk>`=3, ..., `<mask>`=vocab_size-1. SentencePiece puts user/control symbols right
+  after its reserved ids, so `<mask>` cannot be made last by a trainer flag: we train
+  vocab_size-1 pieces and append `<mask>` to the ModelProto as a CONTROL piece (control pieces
+  are never produced from text, in the Python processor and in tensorflow_text alike).
+* `bert`: `[CLS] A [SEP] B [SEP]`; our sentencepiece models: `[PAD]`=0, `[UNK]`=1, `[CLS]`=2,
+  `[SEP]`=3, `[MASK]`=4. `bos_id`/`eos_id` mean CLS/SEP in this layout.
 
 Multilingual sampling (`train`): corpora are grouped into languages; each language i with n_i
 lines gets a share q_i = n_i^alpha / sum_j n_j^alpha of the sentences fed to the trainer (XLM-R
@@ -21,13 +34,14 @@ uses alpha=0.3), upsampling small languages with repetition, so that they get a 
 the vocabulary instead of being drowned by the largest one.
 """
 import dataclasses
+import hashlib
 import json
 import os
 import random
 import sys
 import tempfile
 import time
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, ClassVar, Mapping, Optional, Sequence, Union
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
@@ -36,6 +50,7 @@ from mlm_jax import choices, runtime
 from mlm_jax.errors import DataError
 
 LAYOUTS = ("xlmr", "bert")
+FAMILIES = ("sentencepiece", "wordpiece", "bpe")
 _PIECES = {
     "xlmr": dict(bos="<s>", pad="<pad>", eos="</s>", unk="<unk>", mask="<mask>"),
     "bert": dict(bos="[CLS]", pad="[PAD]", eos="[SEP]", unk="[UNK]", mask="[MASK]"),
@@ -51,7 +66,11 @@ def special_ids_path(model_path: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """A loaded sentencepiece model plus its special ids (immutable, cheap to pass around)."""
+  """A loaded tokenizer of one family plus its special ids (immutable, cheap to pass around).
+
+  `model_path` is the file it was loaded from (`.model`, `tokenizer.json`, `vocab.txt`, ...).
+  Every method that encodes text returns ids without BOS/EOS: callers add the layout's own.
+  """
   model_path: str
   layout: str
   vocab_size: int
@@ -60,92 +79,140 @@ class Tokenizer:
   eos_id: int
   unk_id: int
   mask_id: int
-  processor: spm.SentencePieceProcessor = dataclasses.field(repr=False, compare=False)
+  family: ClassVar[str] = ""
 
   @property
   def special_ids(self) -> tuple:
     return tuple(sorted({self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id}))
 
   @property
-  def model_proto(self) -> bytes:
-    """The serialized model, as tensorflow_text's SentencepieceTokenizer wants it."""
-    return self.processor.serialized_model_proto()
+  def mask_token(self) -> str:
+    """The mask token as written in text (`<mask>`, `[MASK]`)."""
+    return self.id_to_piece(self.mask_id)
+
+  @property
+  def mask_takes_left_space(self) -> bool:
+    """Whether the mask token absorbs the space before it in text (RoBERTa's `<mask>`, lstrip)."""
+    return False
 
   def encode(self, text: str) -> list:
     """Token ids of `text`, without BOS/EOS."""
-    return self.processor.encode(text)
+    return self.encode_batch([text])[0]
 
   def encode_batch(self, texts: Sequence[str]) -> list:
-    return self.processor.encode(list(texts))
+    raise NotImplementedError
+
+  def encode_words(self, words: Sequence[str]) -> list:
+    """Ids per word of a pre-split sentence (NER), each word as it reads inside the sentence."""
+    return self.encode_batch(words)
+
+  def encode_offsets(self, text: str) -> tuple:
+    """(ids, [(first char, end char)] per id) of `text` (QA answer spans)."""
+    raise NotImplementedError
 
   def decode(self, ids) -> str:
-    return self.processor.decode([int(i) for i in ids])
+    raise NotImplementedError
 
   def id_to_piece(self, i: int) -> str:
-    return self.processor.id_to_piece(int(i))
+    raise NotImplementedError
 
   def piece_to_id(self, piece: str) -> int:
-    return self.processor.piece_to_id(piece)
+    raise NotImplementedError
 
   def normalize(self, text: str) -> str:
-    """The text as the model sees it (NFKC, collapsed whitespace): what decode() returns."""
-    return self.processor.normalize(text).replace("\u2581", " ").strip()
+    raise NotImplementedError
 
   def word_start_table(self) -> list:
-    """Per id: 1 if the piece starts a word ('▁' prefix) or is special, else 0."""
-    table = [1 if self.processor.id_to_piece(i).startswith("\u2581") else 0
-             for i in range(self.vocab_size)]
-    for i in self.special_ids:
-      table[i] = 1
-    for i in range(self.vocab_size):
-      if self.processor.is_control(i) or self.processor.is_unknown(i):
-        table[i] = 1
-    return table
+    """Per id: 1 if the piece starts a word (or is special), else 0."""
+    raise NotImplementedError
+
+  def after_space_table(self):
+    """Per id: 1 if the piece ends in whitespace, so the next piece starts a word; None if no piece does.
+
+    Byte-level BPE spells a tab or newline as a piece of its own ('ĉ', 'Ċ') and the word after it
+    has no 'Ġ'; sentencepiece and WordPiece never end a piece in whitespace.
+    """
+    return None
+
+  def tf_tokenize(self) -> Callable:
+    """A function: tf.string [n] -> tf.RaggedTensor int32 [n, None] of ids (tf.data maps)."""
+    raise NotImplementedError
+
+  def files(self) -> dict:
+    """{file name: bytes}: the files that define this tokenizer, to copy next to a store or a model.
+
+    The folder they are written to loads (`load(folder)`) as this same tokenizer.
+    """
+    raise NotImplementedError
+
+  @property
+  def main_file(self) -> str:
+    """The name among `files()` that `load` takes as the tokenizer's path."""
+    raise NotImplementedError
+
+  @property
+  def sha256(self) -> str:
+    """Identity of the vocabulary and the encoding rules (a store records it)."""
+    files = self.files()
+    if len(files) == 1 or self.family == "sentencepiece":
+      return hashlib.sha256(files[self.main_file]).hexdigest()
+    h = hashlib.sha256()
+    for name in sorted(files):
+      h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return h.hexdigest()
 
 
 def load(path: str) -> Tokenizer:
-  """Loads `<prefix>.model` (any path tf.io.gfile or open() reads) and its special ids."""
-  try:
-    proto = _read_bytes(path)
-  except Exception as e:  # noqa: BLE001 - one clear line whatever the filesystem raised
-    raise DataError(f"cannot read tokenizer model {path}: {e.__class__.__name__}") from None
-  processor = spm.SentencePieceProcessor()
-  try:
-    processor.LoadFromSerializedProto(proto)
-  except Exception:  # noqa: BLE001
-    raise DataError(f"{path} is not a sentencepiece model") from None
-  ids = None
-  json_path = special_ids_path(path)
-  try:
-    ids = json.loads(_read_bytes(json_path).decode("utf-8"))
-  except Exception:  # noqa: BLE001 - a model trained elsewhere: infer below
-    ids = _infer_special_ids(processor)
-  tok = Tokenizer(model_path=path, layout=ids["layout"], vocab_size=processor.get_piece_size(),
-                  pad_id=ids["pad_id"], bos_id=ids["bos_id"], eos_id=ids["eos_id"],
-                  unk_id=ids["unk_id"], mask_id=ids["mask_id"], processor=processor)
-  for name in ("pad_id", "bos_id", "eos_id", "unk_id", "mask_id"):
-    value = getattr(tok, name)
-    if not 0 <= value < tok.vocab_size:
-      raise DataError(f"{path}: {name}={value} is outside the vocabulary (size {tok.vocab_size})")
-  return tok
+  """The tokenizer at `path`: a `.model`, `tokenizer.json`, `vocab.txt`, or a folder of one."""
+  from mlm_jax.data import tokenizer_hf, tokenizer_spm
+  path = str(path)
+  if _isdir(path):
+    for name in (tokenizer_spm.SPM_FILE, tokenizer_spm.FAIRSEQ_FILE):
+      if _exists(os.path.join(path, name)):
+        return tokenizer_spm.load(os.path.join(path, name))
+    found = tokenizer_hf.main_file_in(path)
+    if found is None:
+      raise DataError(f"tokenizer folder {path} holds none of {tokenizer_spm.SPM_FILE}, "
+                      f"{tokenizer_spm.FAIRSEQ_FILE}, {', '.join(tokenizer_hf.MAIN_FILES)}")
+    return tokenizer_hf.load(os.path.join(path, found))
+  name = os.path.basename(path)
+  if name.endswith(".json") or name.endswith(".txt"):
+    return tokenizer_hf.load(path)
+  return tokenizer_spm.load(path)
 
 
-def _read_bytes(path: str) -> bytes:
+def sha256_of(path: str) -> str:
+  """`load(path).sha256`, without loading a sentencepiece `.model` file (its bytes are its identity)."""
+  name = os.path.basename(path)
+  if not _isdir(path) and not (name.endswith(".json") or name.endswith(".txt")) and name != "sentencepiece.bpe.model":
+    try:
+      return hashlib.sha256(read_bytes(path)).hexdigest()
+    except OSError as e:
+      raise DataError(f"cannot read tokenizer {path}: {e.strerror or e.__class__.__name__}") from None
+  return load(path).sha256
+
+
+def _isdir(path: str) -> bool:
+  if "://" in path:
+    import tensorflow as tf
+    return tf.io.gfile.isdir(path)
+  return os.path.isdir(path)
+
+
+def _exists(path: str) -> bool:
+  if "://" in path:
+    import tensorflow as tf
+    return tf.io.gfile.exists(path)
+  return os.path.exists(path)
+
+
+def read_bytes(path: str) -> bytes:
   if "://" in path:
     import tensorflow as tf  # only for remote paths (gs://...)
     with tf.io.gfile.GFile(path, "rb") as f:
       return f.read()
   with open(path, "rb") as f:
     return f.read()
-
-
-def _infer_special_ids(p: spm.SentencePieceProcessor) -> dict:
-  for layout, pieces in _PIECES.items():
-    mask = p.piece_to_id(pieces["mask"])
-    if mask != p.unk_id() or pieces["mask"] == p.id_to_piece(p.unk_id()):
-      return dict(layout=layout, pad_id=p.pad_id(), bos_id=p.bos_id(), eos_id=p.eos_id(),
-                  unk_id=p.unk_id(), mask_id=mask)
-  raise DataError("sentencepiece model has no <mask> or [MASK] piece and no special_ids.json")
 
 
 # ------------------------------------------------------------------------------------------

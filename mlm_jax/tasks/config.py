@@ -20,7 +20,7 @@ def finetune_config() -> ml_collections.ConfigDict:
   c.init_from = ""
   # Baseline: the same architecture and tokenizer as init_from, but randomly initialized weights.
   c.random_init = False
-  c.tokenizer = ""               # override the sentencepiece .model (same vocabulary size)
+  c.tokenizer = ""               # override the tokenizer (any file data.tokenizer takes; same vocabulary size)
 
   t = c.task = ml_collections.ConfigDict()
   t.kind = "classification"      # classification | regression | token | qa

@@ -13,7 +13,9 @@ Every batch is a dict of int32/float32 arrays [N, seq_len] (or [N]): input_ids, 
 tokens, 0 on padding: the encoder's attention mask), positions, token_type_ids, weight (1 for real
 rows; 0 for the rows that pad the last eval batch), and the task's targets.
 
-NER: each word is encoded on its own (sentencepiece marks it as a word start), its label goes on
+NER: each word is encoded on its own, as it reads inside the sentence (`Tokenizer.encode_words`:
+sentencepiece and WordPiece start every word anew; byte-level BPE gives the words after the first
+their leading space, as HF's is_split_into_words with add_prefix_space does), its label goes on
 its first piece and the other pieces get -1 (ignored by the loss and by decoding). Words past the
 sequence length are cut in training and predicted as O at evaluation, so that scores always count
 every gold entity.
@@ -116,10 +118,10 @@ def encode_tokens(examples: list[Example], tok: Tokenizer, seq_len: int, labels:
   out["labels"] = np.full((len(examples), seq_len), -1, np.int32)
   starts = []
   for row, e in enumerate(examples):
-    pieces = tok.encode_batch(e.words)
+    pieces = tok.encode_words(e.words)
     ids, first = [tok.bos_id], []
     for word_pieces in pieces:
-      word_pieces = word_pieces or [tok.unk_id]   # a word sentencepiece drops (e.g. a lone ZWSP)
+      word_pieces = word_pieces or [tok.unk_id]   # a word the tokenizer drops (e.g. a lone ZWSP)
       if len(ids) + len(word_pieces) > seq_len - 1:
         break
       first.append(len(ids))

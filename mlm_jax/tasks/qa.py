@@ -5,7 +5,7 @@ A question and its paragraph become `<s> question </s></s> context window </s>` 
 cut into windows `doc_stride` tokens apart, each a feature of its own; a window that does not hold
 the whole answer is trained to point at the first token (position 0), as BERT's SQuAD recipe does.
 
-Answers are located through sentencepiece's offsets: each context piece knows the characters it
+Answers are located through the tokenizer's offsets (`Tokenizer.encode_offsets`, any family): each context piece knows the characters it
 covers, so the answer's characters give its first and last piece, and a predicted pair of pieces
 gives back an exact slice of the original paragraph (not a detokenization).
 
@@ -32,26 +32,8 @@ class Feature:
 
 
 def context_pieces(tok: Tokenizer, text: str) -> tuple[list, list]:
-  """(ids, [(first char, end char)]) of `text`; byte-fallback pieces share the span of their character."""
-  proto = tok.processor.encode(text, return_type="proto")
-  raw = text.encode("utf-8")
-  # byte offset -> character offset (offsets of bytes inside a character map to that character)
-  char_of = np.zeros(len(raw) + 1, np.int64)
-  pos = 0
-  for i, ch in enumerate(text):
-    n = len(ch.encode("utf-8"))
-    char_of[pos:pos + n] = i
-    pos += n
-  char_of[len(raw)] = len(text)
-  ids, spans = [], []
-  for p in proto.pieces:
-    ids.append(p.id)
-    spans.append([int(char_of[p.begin]), int(char_of[p.end])])
-  # A zero-width piece (a leading byte of a multi-byte character) takes the next piece's end.
-  for k in range(len(spans) - 2, -1, -1):
-    if spans[k][1] <= spans[k][0]:
-      spans[k][1] = spans[k + 1][1]
-  return ids, [tuple(s) for s in spans]
+  """(ids, [(first char, end char)]) of `text`, from the tokenizer's own offsets."""
+  return tok.encode_offsets(text)
 
 
 def _answer_pieces(spans: list, start_char: int, end_char: int) -> tuple[int, int] | None:
