@@ -86,3 +86,18 @@ def test_errors_are_one_line(workdir, capsys):
   assert code == 2 and err.startswith("error: ") and "nothing*.txt" in err and len(err.strip().splitlines()) == 1
   code, _, err = _run(capsys, f"--workdir={workdir}", f"--data={workdir.parent}/held_out.txt", "--seq_len=512")
   assert code == 2 and "--seq_len=512" in err
+
+
+def test_against_transformers_scores_the_same_masks(workdir, tmp_path, capsys):
+  """--against_transformers: transformers' own loss on our corrupted batches equals ours (an exact import)."""
+  pytest.importorskip("transformers")
+  from mlm_jax.convert import checkpoint_io
+  checkpoint_io.to_hf(str(workdir), str(tmp_path / "hf"))
+  code, out, err = _run(capsys, f"--hf_dir={tmp_path / 'hf'}", f"--data={workdir.parent / 'held_out.txt'}",
+                        "--seq_len=32", "--batch_size=8", "--max_lines=16", "--pll_lines=0", "--against_transformers")
+  assert code == 0, err
+  r = json.loads(out.strip().splitlines()[-1])
+  assert r["num_predictions"] > 16 and r["loss_abs_diff"] < 1e-4, r
+  code, _, err = _run(capsys, f"--workdir={workdir}", f"--data={workdir.parent / 'held_out.txt'}", "--seq_len=32",
+                      "--against_transformers")
+  assert code == 2 and "--against_transformers needs --hf_dir" in err

@@ -2,7 +2,7 @@
 """Judge a pretrained model on held-out text: masked-LM loss / accuracy / perplexity and pseudo-log-likelihood.
 
   python tools/evaluate.py mlm --workdir=DIR --data='held_out/*.txt' [--step=N] [--seq_len=128]
-  python tools/evaluate.py mlm --hf_dir=HF_DIR --data=held_out.txt.gz
+  python tools/evaluate.py mlm --hf_dir=HF_DIR --data=held_out.txt.gz [--against_transformers]
 
 Each non-empty line of the files is a sequence `<s> pieces </s>` (long lines are cut into several).
 
@@ -38,6 +38,9 @@ def _parser():
   m.add_argument("--max_lines", type=int, default=0, help="use only the first N sequences (0 = all)")
   m.add_argument("--pll_lines", type=int, default=50, help="sequences scored by PLL (0 = none)")
   m.add_argument("--seed", type=int, default=0, help="masking seed")
+  m.add_argument("--against_transformers", action="store_true",
+                 help="with --hf_dir: also run transformers' AutoModelForMaskedLM on the same masked batches "
+                      "(transformers_loss, loss_abs_diff): checks that the import is exact")
   runtime.add_verbosity_flag(m)
   return p
 
@@ -68,9 +71,10 @@ def _pack(rows: list, seq_len: int, pad_id: int, batch_size: int):
   return ids, seg, pos
 
 
-def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int) -> dict:
+def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int, hf_model=None) -> dict:
   """Masked-LM sums over all rows with fixed masks (key folded with the batch index): the eval step of
-  pretraining (step.MLM.evaluate), on one device."""
+  pretraining (step.MLM.evaluate), on one device. `hf_model` (a transformers masked LM) is scored on
+  the same corrupted batches with labels at the masked positions, as its own loss computes it."""
   import jax
   import jax.numpy as jnp
   import ml_collections
@@ -80,15 +84,37 @@ def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int) 
   mlm = step.MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
   sums_fn = jax.jit(lambda params, batch, key: mlm.evaluate(nnx.merge(graphdef, params), batch, key))
 
+  mask_fn = jax.jit(mlm.prepare)
   ids, seg, pos = _pack(rows, seq_len, lm.tokenizer.pad_id, batch_size)
-  total = None
+  total, hf_sum = None, 0.0
   for b in range(0, len(ids), batch_size):
     batch = dict(input_ids=ids[b:b + batch_size], segment_ids=seg[b:b + batch_size], positions=pos[b:b + batch_size])
-    s = sums_fn(params, batch, jax.random.fold_in(jax.random.key(seed), b // batch_size))
+    key = jax.random.fold_in(jax.random.key(seed), b // batch_size)
+    s = sums_fn(params, batch, key)
     total = s if total is None else jax.tree.map(jnp.add, total, s)
+    if hf_model is not None:
+      hf_sum += _transformers_loss_sum(hf_model, jax.device_get(mask_fn(batch, key)))
   rates = objectives.summarize(jax.device_get(total))
-  return dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]), perplexity=float(rates["perplexity"]),
-              num_predictions=int(rates["num_predictions"]))
+  out = dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]), perplexity=float(rates["perplexity"]),
+             num_predictions=int(rates["num_predictions"]))
+  if hf_model is not None:
+    out["transformers_loss"] = hf_sum / max(out["num_predictions"], 1)
+    out["loss_abs_diff"] = abs(out["transformers_loss"] - out["loss"])
+  return out
+
+
+def _transformers_loss_sum(model, masked) -> float:
+  """Summed cross-entropy of a transformers masked LM over the masked slots of one corrupted batch."""
+  import numpy as np
+  import torch
+  ids = np.asarray(masked["input_ids"], np.int64)
+  labels = np.full(ids.shape, -100, np.int64)
+  w = np.asarray(masked["masked_weights"]) > 0
+  labels[np.nonzero(w)[0], np.asarray(masked["masked_positions"])[w]] = np.asarray(masked["masked_labels"])[w]
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(np.asarray(masked["segment_ids"]) > 0),
+                labels=torch.tensor(labels))
+  return float(out.loss) * int(w.sum())
 
 
 def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict:
@@ -132,7 +158,7 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict
 
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
-                 max_lines=0, pll_lines=50, seed=0) -> dict:
+                 max_lines=0, pll_lines=50, seed=0, against_transformers=False) -> dict:
   from mlm_jax import checkpoint, inference
   from mlm_jax.defaults import default_config
   from mlm_jax.errors import UserError
@@ -153,7 +179,13 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
   if not rows:
     raise UserError(f"--data={data}: no text lines")
   out = dict(source=lm.source, data=data, sequences=len(rows))
-  out.update(mlm_metrics(lm, kcfg, rows, seq_len, batch_size, seed))
+  hf_model = None
+  if against_transformers:
+    if not hf_dir:
+      raise UserError("--against_transformers needs --hf_dir (the folder transformers loads)")
+    import transformers
+    hf_model = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir).eval()
+  out.update(mlm_metrics(lm, kcfg, rows, seq_len, batch_size, seed, hf_model))
   if pll_lines:
     out.update(pseudo_log_likelihood(lm, rows[:pll_lines], seq_len, batch_size))
   return out
@@ -166,7 +198,7 @@ def main(argv=None) -> int:
   try:
     result = evaluate_mlm(workdir=a.workdir, hf_dir=a.hf_dir, data=a.data, step=a.step, tokenizer=a.tokenizer,
                           seq_len=a.seq_len, batch_size=a.batch_size, max_lines=a.max_lines, pll_lines=a.pll_lines,
-                          seed=a.seed)
+                          seed=a.seed, against_transformers=a.against_transformers)
   except UserError as e:
     runtime.report_user_error(e)
     return 2
