@@ -15,7 +15,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mlm_jax import objectives
 from mlm_jax.step import MLM
 
 
@@ -36,11 +35,7 @@ class MLMWithSentenceHead(MLM):
     self.kind = config.objective
 
   def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                   dropout_key=dropout_key, activation_sharding=activation_sharding)
-    y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
-    sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
-                               batch["masked_weights"])
+    hidden, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
     weights = (batch["segment_ids"][:, 0] > 0).astype(jnp.float32)
     sums.update(sentence_sums(model.sentence_logits(hidden), batch["sentence_labels"], weights))
     scale = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_pairs"], 1.0))
@@ -48,11 +43,7 @@ class MLMWithSentenceHead(MLM):
 
   @staticmethod
   def summarize(sums) -> dict:
-    out = MLM.summarize(sums)
-    n = max(float(sums["num_pairs"]), 1.0)
-    out.update(sentence_loss=float(sums["sentence_loss_sum"]) / n,
-               sentence_accuracy=float(sums["sentence_correct_sum"]) / n)
-    return out
+    return dict(MLM.summarize(sums), **MLMWithSentenceHead.eval_rates(sums))
 
   @staticmethod
   def console(m: dict) -> str:

@@ -77,12 +77,17 @@ class MLM:
       return {}
     return dict(mask_rate=float(schedules.mask_rate(self.masking, step)))
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
+  @staticmethod
+  def hidden_and_sums(model, batch, dropout_key, activation_sharding=None):
+    """(hidden states, MLM metric sums over the prediction slots): what objectives built on MLM extend."""
     hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
                    dropout_key=dropout_key, activation_sharding=activation_sharding)
     y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
-    sums = objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
-                               batch["masked_weights"])
+    return hidden, objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...],
+                                       batch["masked_labels"], batch["masked_weights"])
+
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
+    _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
     return sums["loss_sum"], sums
 
   def evaluate(self, model, batch, key, activation_sharding=None):
