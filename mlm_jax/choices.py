@@ -9,6 +9,7 @@ from __future__ import annotations
 from mlm_jax.errors import ConfigError
 
 CHOICES = {
+    "objective": ("mlm", "electra"),
     "model.positions": ("learned", "rotary"),
     "model.norm": ("post", "pre"),
     "model.mlp": ("gelu", "geglu"),
@@ -39,6 +40,9 @@ def check(key: str, value) -> None:
 def check_config(config) -> None:
   """Check every choice field that `config` has (pretraining and fine-tuning configs alike)."""
   for key in CHOICES:
-    section, field = key.split(".")
-    if section in config and field in config[section]:
+    section, _, field = key.rpartition(".")
+    if not section:
+      if field in config:
+        check(key, config[field])
+    elif section in config and field in config[section]:
       check(key, config[section][field])

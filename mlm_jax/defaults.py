@@ -45,6 +45,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m = ml_collections.ConfigDict()
   m.vocab_size = 0               # 0 = the tokenizer's size; otherwise must equal it
   m.hidden_size = 256
+  m.embedding_size = 0           # 0 = hidden_size; ELECTRA: smaller, projected up (embeddings_project)
   m.num_layers = 4
   m.num_heads = 4
   m.intermediate_size = 1024
@@ -58,6 +59,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.hidden_dropout = 0.1
   m.attention_dropout = 0.1
   m.use_pooler = False
+  m.mlm_head = True              # False: no MLM head parameters (ELECTRA's discriminator, fine-tuned from it)
   m.rope_theta = 10000.0
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
@@ -105,6 +107,17 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   return o
 
 
+def electra_defaults() -> ml_collections.ConfigDict:
+  """The generator of `objective='electra'` (mlm_jax/electra.py); the discriminator is `config.model`."""
+  e = ml_collections.ConfigDict()
+  e.generator_hidden_size = 0      # 0 = model.hidden_size // 4 (the paper's best generator size)
+  e.generator_num_heads = 0        # 0 = model.num_heads // 4 (at least 1)
+  e.generator_intermediate_size = 0  # 0 = model.intermediate_size // 4
+  e.generator_num_layers = 0       # 0 = model.num_layers
+  e.disc_weight = 50.0             # lambda: loss = generator MLM + disc_weight x discriminator BCE
+  return e
+
+
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -113,6 +126,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.init_from = ""
   # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
   c.demo_corpus = False
+  c.objective = "mlm"                  # mlm | electra (replaced-token detection, mlm_jax/electra.py)
+
 
   c.tokenizer = tokenizer_defaults()   # used when data.tokenizer is ''
   c.model = model_defaults()
@@ -120,6 +135,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.optimizer = optimizer_defaults()
   c.data = data_defaults()             # mlm_jax/data/config.py
   c.train = loop_defaults()
+  c.electra = electra_defaults()       # read when objective='electra'
 
   # ---- mesh and sharding (mlm_jax/sharding.py) ----
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -41,6 +41,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"optimizer.grad_accum_steps={accum} must be >= 1 and divide train.batch_size={t.batch_size}")
   if "masking" in config:
     masking.check_config(config.masking, config.model.vocab_size)
+  if config.get("objective", "mlm") == "electra":
+    from mlm_jax import electra
+    electra.check_config(config)
   m = config.model
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   limit = m.max_position_embeddings - m.position_offset

@@ -129,8 +129,9 @@ class HeldOut:
     host = jax.device_get(sums) if sums is not None else None
     if host is None or host["num_predictions"] == 0:
       raise DataError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
-    rates = objectives.summarize(host)
-    return {f"eval_{k}": float(rates[k]) for k in ("loss", "accuracy", "perplexity")}
+    rates = {k: float(objectives.summarize(host)[k]) for k in ("loss", "accuracy", "perplexity")}
+    rates.update(self.trainer.objective.summarize(host))   # ELECTRA: loss is the total, plus its parts
+    return {f"eval_{k}": float(v) for k, v in rates.items()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -150,7 +151,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return state
 
   seq_len = config.data.seq_len
-  fpt = flops.flops_per_token(config.model, seq_len, masking.max_predictions(config.masking, seq_len))
+  fpt = flops.training_flops_per_token(config, seq_len, masking.max_predictions(config.masking, seq_len))
   loop = loop_lib.Loop(trainer, workdir, PipelineInput(host_pipeline(config, tok, "train", workdir)),
                        HeldOut(trainer, tok, workdir),
                        init_state, tokens_per_example=seq_len, flops_per_token=fpt)
