@@ -93,6 +93,11 @@ class ElectraPair(nnx.Module):
     self.rtd_head = RTDHead(d_cfg, jax.random.fold_in(jax.random.key(seed), 0x47D), jnp.dtype(d_cfg.param_dtype))
 
 
+def abstract_pair(config: ml_collections.ConfigDict):
+  """(graphdef, parameter shapes) of the pair, without allocating anything."""
+  return nnx.split(nnx.eval_shape(lambda: ElectraPair(config, seed=config.seed)), nnx.Param)
+
+
 def sample_slots(logits, seeds):
   """Gumbel-max samples [B, P] from float32 logits [B, P, V]; `seeds` [B, 2] uint32 key data per example."""
   b, p, v = logits.shape

@@ -189,6 +189,8 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   source_cfg = ckpt_lib.read_config(source)
   model = model_defaults()
   model.update(source_cfg.model.to_dict())
+  if source_cfg.get("objective", "mlm") == "electra":
+    model.mlm_head = False   # fine-tuning starts from the discriminator (checkpoint.restore_params_for)
   if config.hidden_dropout >= 0:
     model.hidden_dropout = config.hidden_dropout
   if config.attention_dropout >= 0:
