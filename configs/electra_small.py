@@ -18,10 +18,10 @@ sentencepiece model with the BERT layout). Hardware: one GPU (the paper: 4 days 
 TPU v4-8 / v5e-8 for about a day. Expected: the paper's ELECTRA-Small reaches GLUE dev 79.9 / test
 77.4 (BERT-Small with the same compute: 75.1); not reproduced here (no GLUE run, no GPU at hand).
 
-Demo variant (CPU, minutes): `--config=configs/electra_small.py:size=demo` is configs/demo.py's
+Demo variant (CPU, minutes): `--config=configs/electra_small.py:demo` is configs/demo.py's
 2 x 128 model (RoBERTa-style tokenizer trained on the demo corpus) as the discriminator, with a
 32-wide generator, 800 steps of 32 x 64 tokens:
-  python -m mlm_jax.train --config=configs/electra_small.py:size=demo --workdir=/tmp/electra_demo
+  python -m mlm_jax.train --config=configs/electra_small.py:demo --workdir=/tmp/electra_demo
 Expected (measured, 2-core shared VM, ~6 min): the discriminator's held-out accuracy climbs from the
 replaced fraction's complement (~0.87) to ~0.91 and its loss falls from 0.69 to ~0.25; the generator's
 MLM loss from 8.3 to ~6.0. README.md (ELECTRA) compares it with MLM at equal FLOPs.
@@ -35,9 +35,9 @@ SIZES = ("small", "demo")
 
 
 def get_config(size="small"):
-  size = size or "small"
+  size = (size or "small").removeprefix("size=")
   if size not in SIZES:
-    raise ValueError(f"configs/electra_small.py:size={size!r}: expected one of {SIZES}")
+    raise ValueError(f"configs/electra_small.py:{size}: expected one of {SIZES}")
   if size == "demo":
     spec = importlib.util.spec_from_file_location("demo", os.path.join(os.path.dirname(__file__), "demo.py"))
     demo = importlib.util.module_from_spec(spec)

@@ -231,6 +231,10 @@ class Encoder(nnx.Module):
   `__call__` returns hidden states; the MLM head is applied separately (`mlm_logits`) so the
   training step can run it on the gathered prediction slots only.
 
+  `model.embedding_size` (ELECTRA) makes the embeddings narrower than the layers, with an
+  `embeddings_project` up to hidden_size and the MLM head back down to it; `model.mlm_head=False`
+  leaves the head out (ELECTRA's discriminator, and models fine-tuned from it).
+
   With `scan_layers`, the layers are stacked in groups of `attention.group_size(cfg)` (a leading
   `layers` axis, `layer_groups`) run by one lax.scan, and the num_layers % group_size last layers
   are unrolled (`tail_layers`); mlm_jax/scan_layout.py converts between the two layouts.

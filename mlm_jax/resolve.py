@@ -44,6 +44,9 @@ def check(config: ml_collections.ConfigDict) -> None:
   if config.get("objective", "mlm") == "electra":
     from mlm_jax import electra
     electra.check_config(config)
+  elif "masking" in config and not config.model.get("mlm_head", True):
+    raise ConfigError("model.mlm_head=False (an ELECTRA discriminator): objective='mlm' needs the MLM head; "
+                      "fine-tune it with mlm_jax.finetune instead")
   m = config.model
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   limit = m.max_position_embeddings - m.position_offset

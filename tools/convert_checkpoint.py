@@ -7,7 +7,9 @@
 to_hf writes config.json, model.safetensors and tokenizer files (tokenizer.json and friends, plus
 the sentencepiece model) that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
 `pipeline("fill-mask")` load, with exactly our token ids. It runs on one CPU whatever mesh wrote
-the checkpoint. --arch defaults to bert for models with positions from 0, else xlm-roberta.
+the checkpoint. --arch defaults to bert for models with positions from 0, else xlm-roberta. An ELECTRA
+run (config.objective=electra) gives HF_DIR/discriminator (ElectraForPreTraining) and
+HF_DIR/generator (ElectraForMaskedLM); from_hf reads either of those folders back.
 
 from_hf reads a transformers folder (model.safetensors; a pytorch_model.bin only with
 torch.load(weights_only=True)) and writes DIR/config.json, DIR/checkpoints/0 and, when the folder
