@@ -63,7 +63,16 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
   Returns why that implementation (also logged)."""
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   packed = "data" in config and config.data.packing == "segmented"   # rows that hold several documents
+  requested = config.model.attention_impl or "auto"
   config.model.attention_impl, why = attention.resolve_impl(config.model, platform, seq_len, packed_documents=packed)
+  if config.get("objective", "mlm") == "electra":   # the generator runs the same kernel with its own head size
+    from mlm_jax import electra
+    try:
+      attention.resolve_impl(electra.generator_config(config), platform, seq_len, packed_documents=packed)
+    except ConfigError as e:
+      if requested != "auto":
+        raise ConfigError(f"{e} (in the ELECTRA generator, electra.generator_*)") from None
+      config.model.attention_impl, why = "xla", f"xla, since the ELECTRA generator cannot use it: {e}"
   logging.info("attention: %s", why)
   if "masking" in config:
     config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
