@@ -127,7 +127,7 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
     assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
 
 
-def test_electra_run_exports_both_towers_and_finetunes_from_the_discriminator(electra_run, tmp_path):
+def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(electra_run, tmp_path):
   """to_hf of a trained ELECTRA run: transformers' two models give our logits (1e-4); fill_mask takes
   the generator and refuses the discriminator; fine-tuning's init_from restores the discriminator."""
   torch = pytest.importorskip("torch")
