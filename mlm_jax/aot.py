@@ -152,7 +152,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
     notes.append("optimizer.grad_accum_steps > 1: XLA's cost analysis does not count every iteration of "
                  "the microbatch loop, so its FLOPs, optimal time and the MFU bound are too low")
   slots = masking.max_predictions(config.masking, s, "tpu")
-  model_flops = flops.flops_per_token(config.model, s, slots) * b * s
+  model_flops = flops.training_flops_per_token(config, s, slots) * b * s
   report = dict(
       topology=topology, device_kind=kind, devices=n, devices_per_chip=per_chip,
       mesh=dict(mesh.shape), batch_size=b, seq_len=s, batch_per_device=b // shards, prediction_slots=slots,

@@ -158,13 +158,14 @@ def single_device(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
 
 
-def restore_params(workdir: str, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+def restore_params(workdir: str, abstract_params: Any, step: int | None = None, subtree: str = "") -> tuple[Any, int]:
   """(parameters, step) from WORKDIR/checkpoints: a training workdir or a `from_hf` output folder.
 
   Only the `params` subtree is placed as `abstract_params` says (ShapeDtypeStructs; with shardings
   for a mesh, or `single_device`); shapes are checked against it before anything is read. The
   rest of the state (optimizer moments, counters) comes along onto one device: orbax restores whole
-  items, and it is a few times the parameters at most.
+  items, and it is a few times the parameters at most. `subtree` names a part of `params` to restore
+  as `abstract_params` (ELECTRA's `discriminator`); the rest of `params` then comes along too.
   """
   directory = os.path.join(workdir if "://" in workdir else os.path.abspath(workdir), "checkpoints")
   if "://" not in directory and not os.path.isdir(directory):
@@ -179,33 +180,42 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None) 
     if step not in steps:
       raise CheckpointError(f"{directory}: no checkpoint for step {step} (have {', '.join(map(str, sorted(steps)))})")
     meta = manager.item_metadata(step)["state"]
-    check_shapes(meta, {"params": abstract_params}, f"{directory}/{step}",
+    placed = {subtree: abstract_params} if subtree else abstract_params
+    check_shapes(meta, {"params": placed}, f"{directory}/{step}",
                  hint="does config.json describe the model that wrote it?")
     target = dict(single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), dict(meta))))
-    target["params"] = abstract_params
+    if subtree:
+      target["params"] = dict(target["params"], **{subtree: abstract_params})
+    else:
+      target["params"] = abstract_params
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   finally:
     manager.close()
-  return restored.state["params"], step
+  params = restored.state["params"]
+  return (params[subtree] if subtree else params), step
 
 
 def restore_params_for(workdir: str, model_cfg: ml_collections.ConfigDict, abstract_params: Any) -> Any:
   """`init_from`: the latest parameters of WORKDIR for the model `model_cfg` builds, placed as
   `abstract_params`; a source trained with the other `model.scan_layers` is restacked (scan_layout)."""
   from mlm_jax import scan_layout
-  source = read_config(workdir).model
+  source_config = read_config(workdir)
+  source, subtree = source_config.model, ""
+  if source_config.get("objective", "mlm") == "electra":   # the discriminator (model_cfg has no MLM head)
+    source, subtree = ml_collections.ConfigDict(source.to_dict()), "discriminator"
+    source.mlm_head = False
   if bool(source.get("scan_layers", False)) == bool(model_cfg.get("scan_layers", False)):
-    return restore_params(workdir, abstract_params)[0]
-  _, params, _ = restore_model(workdir, source)
+    return restore_params(workdir, abstract_params, subtree=subtree)[0]
+  _, params, _ = restore_model(workdir, source, subtree=subtree)
   host = (scan_layout.scan_params(params, model_cfg) if model_cfg.scan_layers else
           scan_layout.unscan_params(params, source))
   check_shapes(host, abstract_params, f"{workdir} (restacked)")
   return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), host, abstract_params)
 
 
-def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None):
+def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None, subtree: str = ""):
   """(graphdef, parameters on one device, step) of the encoder `model_cfg` describes, from WORKDIR."""
   from mlm_jax import step as step_lib
   graphdef, abstract = step_lib.abstract_model(model_cfg)
-  params, step = restore_params(workdir, single_device(abstract), step)
+  params, step = restore_params(workdir, single_device(abstract), step, subtree=subtree)
   return graphdef, params, step

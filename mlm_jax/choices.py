@@ -20,7 +20,7 @@ CHOICES = {
     "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
     "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),
     "masking.mask_rate_schedule_mode": ("constant", "linear"),
-    "objective": ("mlm", "mlm+nsp", "mlm+sop"),
+    "objective": ("mlm", "mlm+nsp", "mlm+sop", "electra"),
     "train.nonfinite": ("skip", "stop"),
     "data.doc_format": ("line", "blank_line"),
     "data.packing": ("segmented", "concat"),

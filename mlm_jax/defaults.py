@@ -45,6 +45,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m = ml_collections.ConfigDict()
   m.vocab_size = 0               # 0 = the tokenizer's size; otherwise must equal it
   m.hidden_size = 256
+  m.embedding_size = 0           # 0 = hidden_size; ELECTRA: smaller, projected up (embeddings_project)
   m.num_layers = 4
   m.num_heads = 4
   m.intermediate_size = 1024
@@ -68,6 +69,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.first_layer_attention_norm = True   # pre-LN: False = layer 0 attends to its input unnormalized
   # A binary sentence head (NSP / SOP) on the pooler: set by config.objective='mlm+nsp' | 'mlm+sop'.
   m.sentence_head = False
+  m.mlm_head = True              # False: no MLM head parameters (ELECTRA's discriminator, fine-tuned from it)
   m.rope_theta = 10000.0
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
@@ -124,11 +126,23 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   return o
 
 
+def electra_defaults() -> ml_collections.ConfigDict:
+  """The generator of `objective='electra'` (mlm_jax/electra.py); the discriminator is `config.model`."""
+  e = ml_collections.ConfigDict()
+  e.generator_hidden_size = 0      # 0 = model.hidden_size // 4 (the paper's best generator size)
+  e.generator_num_heads = 0        # 0 = model.num_heads // 4 (at least 1)
+  e.generator_intermediate_size = 0  # 0 = model.intermediate_size // 4
+  e.generator_num_layers = 0       # 0 = model.num_layers
+  e.disc_weight = 50.0             # lambda: loss = generator MLM + disc_weight x discriminator BCE
+  return e
+
+
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order); the sentence
-  # objectives read pairs of sentences from a token store (mlm_jax/data/sentence_pairs.py).
+  # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order) | electra
+  # (replaced-token detection, mlm_jax/electra.py); the sentence objectives read pairs of sentences
+  # from a token store (mlm_jax/data/sentence_pairs.py).
   c.objective = "mlm"
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
   # parameters start from there, the optimizer and data stream start fresh.
@@ -136,12 +150,14 @@ def default_config() -> ml_collections.ConfigDict:
   # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
   c.demo_corpus = False
 
+
   c.tokenizer = tokenizer_defaults()   # used when data.tokenizer is ''
   c.model = model_defaults()
   c.masking = masking_defaults()
   c.optimizer = optimizer_defaults()
   c.data = data_defaults()             # mlm_jax/data/config.py
   c.train = loop_defaults()
+  c.electra = electra_defaults()       # read when objective='electra'
 
   # ---- mesh and sharding (mlm_jax/sharding.py) ----
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

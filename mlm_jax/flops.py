@@ -32,12 +32,31 @@ def attended_keys(cfg: ml_collections.ConfigDict, seq_len: int) -> int:
 
 
 def flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, num_slots: int | None = None) -> float:
-  """Training FLOPs per input token; the head (H*H + H*V matmuls) counted on `num_slots` of `seq_len`."""
-  h, v = cfg.hidden_size, cfg.vocab_size
+  """Training FLOPs per input token; the head (H*E + E*V matmuls, E = embedding size) counted on
+  `num_slots` of `seq_len`, and ELECTRA's embedding projection (E*H) on every token when E != H."""
+  from mlm_jax.model import embedding_size
+  h, v, e = cfg.hidden_size, cfg.vocab_size, embedding_size(cfg)
   attention = 12 * h * attended_keys(cfg, seq_len)       # QK^T and PV, forward + backward
   head_fraction = 1.0 if num_slots is None else num_slots / seq_len
-  head = 6 * (h * h + h * v) * head_fraction
-  return 6 * layer_params(cfg) + attention + head
+  head = 6 * (h * e + e * v) * head_fraction if cfg.get("mlm_head", True) else 0.0
+  project = 6 * e * h if e != h else 0
+  return 6 * layer_params(cfg) + attention + head + project
+
+
+def training_flops_per_token(config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
+  """What one pretraining step costs per input token, for `config.objective`.
+
+  ELECTRA: the discriminator on every token with its replaced-token head (H*H + H), plus the
+  generator with its MLM head on the slots, plus the sampling logits (a forward-only E*V per slot).
+  """
+  if config.get("objective", "mlm") != "electra":
+    return flops_per_token(config.model, seq_len, num_slots)
+  from mlm_jax import electra
+  disc_cfg, gen_cfg = electra.discriminator_config(config), electra.generator_config(config)
+  h = disc_cfg.hidden_size
+  sampling = 2 * gen_cfg.embedding_size * gen_cfg.vocab_size * num_slots / seq_len
+  return (flops_per_token(disc_cfg, seq_len) + 6 * (h * h + h) + flops_per_token(gen_cfg, seq_len, num_slots)
+          + sampling)
 
 
 def dense_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int) -> float:

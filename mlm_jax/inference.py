@@ -42,8 +42,21 @@ def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
   config = ckpt_lib.read_config(workdir)
   mcfg = config.model
   tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  if config.get("objective", "mlm") == "electra":   # the generator is the pair's masked LM
+    from mlm_jax import electra
+    from mlm_jax.convert import electra as electra_convert
+    _, params, step = electra_convert.restore_pair(workdir, step)
+    pair = nnx.merge(electra.abstract_pair(config)[0], params)
+    return MaskedLM(pair.generator, tok, electra.generator_config(config), f"{workdir} (ELECTRA generator, step {step})")
+  _refuse_discriminator(mcfg, workdir)
   graphdef, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
   return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
+
+
+def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
+  if not mcfg.get("mlm_head", True):
+    raise UserError(f"{where} is an ELECTRA discriminator: it tells replaced tokens from original ones and has no "
+                    "MLM head to fill masks; use the generator (to_hf's OUT/generator, or the ELECTRA run's workdir)")
 
 
 def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
@@ -51,6 +64,7 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   from flax import nnx
   hcfg = cio.read_hf_config(hf_dir)
   mcfg = cio.model_config(hcfg)
+  _refuse_discriminator(mcfg, hf_dir)
   if tokenizer:
     tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
   else:

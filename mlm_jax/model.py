@@ -270,6 +270,20 @@ class LayerGroup(nnx.Module):
     return x
 
 
+def embedding_size(cfg: ml_collections.ConfigDict) -> int:
+  """Width of the token embeddings: `model.embedding_size`, 0 (or absent, older configs) = hidden_size.
+
+  ELECTRA makes it smaller than hidden_size (and shares the tables between its generator and
+  discriminator); an `embeddings_project` layer then maps the normalized embeddings up to hidden_size,
+  and the MLM head maps back down to it. Only post-LN models have this option (transformers' ELECTRA).
+  """
+  e = int(cfg.get("embedding_size", 0) or 0)
+  if e and e != cfg.hidden_size and cfg.norm != "post":
+    raise ConfigError(f"model.embedding_size={e} differs from model.hidden_size={cfg.hidden_size}: only "
+                      "model.norm='post' models project their embeddings (ELECTRA)")
+  return e or cfg.hidden_size
+
+
 def _remat_policy(remat: str):
   return (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims if remat == "dots"
           else jax.checkpoint_policies.nothing_saveable)
@@ -281,6 +295,10 @@ class Encoder(nnx.Module):
   `__call__` returns hidden states; the MLM head is applied separately (`mlm_logits`) so the
   training step can run it on the gathered prediction slots only.
 
+  `model.embedding_size` (ELECTRA) makes the embeddings narrower than the layers, with an
+  `embeddings_project` up to hidden_size and the MLM head back down to it; `model.mlm_head=False`
+  leaves the head out (ELECTRA's discriminator, and models fine-tuned from it).
+
   With `scan_layers`, the layers are stacked in groups of `attention.group_size(cfg)` (a leading
   `layers` axis, `layer_groups`) run by one lax.scan; layers before the groups whose parameters
   differ from the rest (`lead_layers`: ModernBERT's layer 0, which has no attention norm) and the
@@ -288,7 +306,10 @@ class Encoder(nnx.Module):
   between the two layouts.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0):
+  def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0, shared_embeddings: "Encoder | None" = None):
+    """`model.mlm_head=False` builds no MLM head (ELECTRA's discriminator); `shared_embeddings` reuses another
+    encoder's word / position / token-type tables (the same nnx.Param objects: one array in the state,
+    gradients from both users summed), as ELECTRA's generator shares the discriminator's."""
     if cfg.hidden_size % cfg.num_heads:
       raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
     for field in ("positions", "norm", "mlp"):
@@ -301,17 +322,28 @@ class Encoder(nnx.Module):
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)
     h, std = cfg.hidden_size, cfg.initializer_range
+    e = embedding_size(cfg)
     keys = jax.random.split(jax.random.key(seed), cfg.num_layers + 6)
-    self.word_embeddings = _param(keys[0], (cfg.vocab_size, h), ("vocab", "embed"), "normal", std, pdt)
+    if shared_embeddings is not None:
+      self.word_embeddings = shared_embeddings.word_embeddings
+    else:
+      self.word_embeddings = _param(keys[0], (cfg.vocab_size, e), ("vocab", "embed"), "normal", std, pdt)
     if cfg.positions == "learned":
-      self.position_embeddings = _param(keys[1], (cfg.max_position_embeddings, h), ("positions", "embed"),
-                                        "normal", std, pdt)
+      self.position_embeddings = (shared_embeddings.position_embeddings if shared_embeddings is not None else
+                                  _param(keys[1], (cfg.max_position_embeddings, e), ("positions", "embed"),
+                                         "normal", std, pdt))
     if cfg.type_vocab_size > 0:
-      self.token_type_embeddings = _param(keys[2], (cfg.type_vocab_size, h), (None, "embed"), "normal", std, pdt)
-    if cfg.embedding_norm:
-      self.embeddings_norm = _norm(cfg, pdt)
+      self.token_type_embeddings = (shared_embeddings.token_type_embeddings if shared_embeddings is not None else
+                                    _param(keys[2], (cfg.type_vocab_size, e), (None, "embed"), "normal", std, pdt))
+    if cfg.embedding_norm:   # on the embedding sum, before any projection: of the embedding size
+      self.embeddings_norm = LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias)
     if final_norm_name(cfg):
       setattr(self, final_norm_name(cfg), _norm(cfg, pdt))
+    if e != h:
+      # ELECTRA: embeddings narrower than the layers, projected up after their LayerNorm.
+      kp = jax.random.fold_in(keys[5], 1)
+      self.embeddings_project_kernel = _param(kp, (e, h), ("embed", None), "normal", std, pdt)
+      self.embeddings_project_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
     layer_keys = keys[6:]
     if cfg.scan_layers:
       lead, n, g = scan_layout.layout(cfg)
@@ -321,10 +353,11 @@ class Encoder(nnx.Module):
       self.tail_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead + n * g, cfg.num_layers)])
     else:
       self.layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(cfg.num_layers)])
-    self.head_kernel = _param(keys[3], (h, h), ("embed", None), "normal", std, pdt)
-    self.head_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt) if cfg.head_bias else None
-    self.head_norm = _norm(cfg, pdt)
-    self.decoder_bias = _param(None, (cfg.vocab_size,), ("vocab",), "zeros", 0.0, pdt)
+    if cfg.get("mlm_head", True):   # projects back to the embedding size, where the tied decoder is
+      self.head_kernel = _param(keys[3], (h, e), ("embed", None), "normal", std, pdt)
+      self.head_bias = _param(None, (e,), ("norm",), "zeros", 0.0, pdt) if cfg.head_bias else None
+      self.head_norm = LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias)
+      self.decoder_bias = _param(None, (cfg.vocab_size,), ("vocab",), "zeros", 0.0, pdt)
     if cfg.use_pooler:
       self.pooler_kernel = _param(keys[4], (h, h), ("embed", None), "normal", std, pdt)
       self.pooler_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
@@ -358,6 +391,8 @@ class Encoder(nnx.Module):
         jax.random.split(dropout_key, cfg.num_layers + 1))
     if cfg.embedding_norm:
       x = self.embeddings_norm(x)
+    if embedding_size(cfg) != cfg.hidden_size:
+      x = x @ self.embeddings_project_kernel[...].astype(dtype) + self.embeddings_project_bias[...].astype(dtype)
     x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
     mesh = None if activation_sharding is None else activation_sharding.mesh
     ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None)

@@ -43,6 +43,12 @@ def check(config: ml_collections.ConfigDict) -> None:
     masking.check_config(config.masking, config.model.vocab_size)
   if "data" in config:
     _check_curricula(config)
+  if config.get("objective", "mlm") == "electra":
+    from mlm_jax import electra
+    electra.check_config(config)
+  elif "masking" in config and not config.model.get("mlm_head", True):
+    raise ConfigError("model.mlm_head=False (an ELECTRA discriminator): objective='mlm' needs the MLM head; "
+                      "fine-tune it with mlm_jax.finetune instead")
   m = config.model
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   limit = m.max_position_embeddings - m.position_offset
@@ -72,7 +78,16 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
   Returns why that implementation (also logged)."""
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   packed = "data" in config and config.data.packing == "segmented"   # rows that hold several documents
+  requested = config.model.attention_impl or "auto"
   config.model.attention_impl, why = attention.resolve_impl(config.model, platform, seq_len, packed_documents=packed)
+  if config.get("objective", "mlm") == "electra":   # the generator runs the same kernel with its own head size
+    from mlm_jax import electra
+    try:
+      attention.resolve_impl(electra.generator_config(config), platform, seq_len, packed_documents=packed)
+    except ConfigError as e:
+      if requested != "auto":
+        raise ConfigError(f"{e} (in the ELECTRA generator, electra.generator_*)") from None
+      config.model.attention_impl, why = "xla", f"xla, since the ELECTRA generator cannot use it: {e}"
   logging.info("attention: %s", why)
   if "masking" in config:
     config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
@@ -279,6 +294,8 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   source_cfg = ckpt_lib.read_config(source)
   model = model_defaults()
   model.update(source_cfg.model.to_dict())
+  if source_cfg.get("objective", "mlm") == "electra":
+    model.mlm_head = False   # fine-tuning starts from the discriminator (checkpoint.restore_params_for)
   if config.hidden_dropout >= 0:
     model.hidden_dropout = config.hidden_dropout
   if config.attention_dropout >= 0:

@@ -141,8 +141,13 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
 
 def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
                  objective=None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
-  """Init, shardings and the jitted steps for a model and an objective (default: the encoder and MLM)."""
+  """Init, shardings and the jitted steps for a model and an objective (default: from `config.objective`,
+  the encoder and MLM, or ELECTRA's generator + discriminator pair)."""
   mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
+  if objective is None and config.get("objective", "mlm") == "electra":
+    from mlm_jax import electra   # generator + discriminator pair, replaced-token detection
+    objective = electra.Electra(config)
+    make_model = make_model or (lambda: electra.ElectraPair(config, seed=config.seed))
   objective = objective if objective is not None else make_objective(config)
   make_model = make_model or (lambda: Encoder(config.model, seed=config.seed))
   accum = int(config.optimizer.grad_accum_steps)

@@ -141,8 +141,8 @@ class HeldOut:
     if host is None or host["num_predictions"] == 0:
       raise DataError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
     rates = {k: float(v) for k, v in objectives.summarize(host).items() if k != "num_predictions"}
-    rates.update(getattr(self.trainer.objective, "eval_rates", lambda s: {})(host))
-    return {f"eval_{k}": v for k, v in rates.items()}
+    rates.update(self.trainer.objective.summarize(host))   # ELECTRA: loss is the total, plus its parts; NSP/SOP: sentence rates
+    return {f"eval_{k}": float(v) for k, v in rates.items()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> dict:
@@ -163,7 +163,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
     return state
 
   seq_len = config.data.seq_len
-  fpt = flops.flops_per_token(config.model, seq_len, masking.max_predictions(config.masking, seq_len))
+  fpt = flops.training_flops_per_token(config, seq_len, masking.max_predictions(config.masking, seq_len))
   loop = loop_lib.Loop(trainer, workdir, PipelineInput(host_pipeline(config, tok, "train", workdir)),
                        HeldOut(trainer, tok, workdir),
                        init_state, tokens_per_example=seq_len, flops_per_token=fpt)

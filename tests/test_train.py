@@ -75,18 +75,38 @@ def _copy_of(run, tmp_path):
   return wd
 
 
-def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer):
-  n = 6
-  straight = tmp_path / "straight"
-  p = _run(_cmd(straight, corpus_and_tokenizer, f"--config.train.save_every={n}", steps=2 * n))
+# ELECTRA on the same model: 32-wide shared embeddings, a 16-wide generator (1/4), positions from 0
+# as transformers' ELECTRA numbers them.
+ELECTRA = ("--config.objective=electra", "--config.model.embedding_size=32", "--config.model.position_offset=0",
+           "--config.model.max_position_embeddings=64")
+
+
+@pytest.fixture(scope="module")
+def electra_run(tmp_path_factory, corpus_and_tokenizer):
+  """A finished 12-step ELECTRA run (checkpoints 6 and 12): the kill -9 test's reference, and exported."""
+  wd = tmp_path_factory.mktemp("electra") / "run"
+  p = _run(_cmd(wd, corpus_and_tokenizer, *ELECTRA, "--config.train.save_every=6", steps=12))
   assert p.returncode == 0, p.stderr[-3000:]
+  return wd
+
+
+@pytest.mark.parametrize("objective", ["mlm", "electra"])
+def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, objective):
+  n = 6
+  extra = ELECTRA if objective == "electra" else ()
+  if objective == "electra":
+    straight = request.getfixturevalue("electra_run")
+  else:
+    straight = tmp_path / "straight"
+    p = _run(_cmd(straight, corpus_and_tokenizer, f"--config.train.save_every={n}", steps=2 * n))
+    assert p.returncode == 0, p.stderr[-3000:]
   ref = _losses(straight)
   assert sorted(ref) == list(range(1, 2 * n + 1))
 
   # Same command; kill -9 once checkpoint n is committed and training has gone past it.
   # Evaluating every step slows the steps down so the kill lands mid-run.
   killed = tmp_path / "killed"
-  cmd = _cmd(killed, corpus_and_tokenizer, f"--config.train.save_every={n}",
+  cmd = _cmd(killed, corpus_and_tokenizer, *extra, f"--config.train.save_every={n}",
              "--config.train.eval_every=1", "--config.train.eval_batches=8", steps=2 * n)
   proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
@@ -105,6 +125,53 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer):
   assert sorted(got) == list(range(1, 2 * n + 1))
   for s in range(n + 1, 2 * n + 1):
     assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
+
+
+def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(electra_run, tmp_path):
+  """to_hf of a trained ELECTRA run: transformers' two models give our logits (1e-4); fill_mask takes
+  the generator and refuses the discriminator; fine-tuning's init_from restores the discriminator."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  import jax
+  import numpy as np
+  from flax import nnx
+  from mlm_jax import checkpoint as ckpt_lib, electra, inference, step as step_lib
+  from mlm_jax.convert import checkpoint_io as cio
+  from mlm_jax.convert import electra as electra_convert
+  from mlm_jax.errors import UserError
+
+  out = tmp_path / "hf"
+  summary = cio.to_hf(str(electra_run), str(out))
+  assert summary["step"] == 12 and "generator/model.safetensors" in summary["files"]
+  config, params, _ = electra_convert.restore_pair(str(electra_run))
+  pair = nnx.merge(electra.abstract_pair(config)[0], params)
+  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(str(electra_run), config))
+  ids = [tok.bos_id] + tok.encode("The list is returned, and the <mask> is sorted in place.") + [tok.eos_id]
+  x = np.asarray([ids], np.int32)
+  args = (x, np.ones_like(x), np.arange(x.shape[1], dtype=np.int32)[None])
+  disc = transformers.ElectraForPreTraining.from_pretrained(out / "discriminator").eval()
+  gen = transformers.AutoModelForMaskedLM.from_pretrained(out / "generator").eval()
+  assert type(gen).__name__ == "ElectraForMaskedLM"
+  with torch.no_grad():
+    theirs_d = disc(input_ids=torch.from_numpy(x).long()).logits.numpy()
+    theirs_g = gen(input_ids=torch.from_numpy(x).long()).logits.numpy()
+  ours_d = np.asarray(pair.rtd_head(pair.discriminator(*args), pair.discriminator.dtype))
+  ours_g = np.asarray(pair.generator.mlm_logits(pair.generator(*args)))
+  np.testing.assert_allclose(ours_d, theirs_d, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(ours_g, theirs_g, atol=1e-4, rtol=1e-4)
+
+  lm = inference.load(hf_dir=str(out / "generator"))
+  assert inference.fill_mask(lm, "the <mask> is sorted", top_k=3)["masks"][0]["predictions"]
+  with pytest.raises(UserError, match="ELECTRA discriminator.*no MLM head"):
+    inference.load(hf_dir=str(out / "discriminator"))
+
+  # What `mlm_jax.finetune --init_from=RUN` restores: the discriminator, nothing of the generator.
+  ft_cfg = ckpt_lib.read_config(str(electra_run)).model
+  ft_cfg.mlm_head = False
+  abstract = ckpt_lib.single_device(step_lib.abstract_model(ft_cfg)[1])
+  restored = ckpt_lib.restore_params_for(str(electra_run), ft_cfg, abstract)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(params["discriminator"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=ckpt_lib.path_name(path))
 
 
 def test_sigterm_saves_current_step_and_rerun_continues(tmp_path, corpus_and_tokenizer):

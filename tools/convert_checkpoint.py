@@ -10,7 +10,9 @@ that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
 `pipeline("fill-mask")` load, with exactly our token ids. It runs on one CPU whatever mesh wrote
 the checkpoint. --arch defaults to modernbert for a model of ModernBERT's structure (pre-LN, rotary,
 GeGLU, embedding norm, no attention norm in layer 0), else bert for models with positions from 0,
-else xlm-roberta.
+else xlm-roberta. An ELECTRA
+run (config.objective=electra) gives HF_DIR/discriminator (ElectraForPreTraining) and
+HF_DIR/generator (ElectraForMaskedLM); from_hf reads either of those folders back.
 
 from_hf reads a transformers folder (model.safetensors; a pytorch_model.bin only with
 torch.load(weights_only=True)) and writes DIR/config.json, DIR/checkpoints/0 and, when the folder

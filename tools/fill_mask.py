@@ -5,7 +5,9 @@
   python tools/fill_mask.py --hf_dir=HF_DIR "Paris is the <mask> of France." --json
 
 Write `<mask>` (or the tokenizer's own mask token, `[MASK]` for BERT-layout vocabularies) where a
-token should be predicted; several masks and several texts are fine. --hf_dir runs our JAX model
+token should be predicted; several masks and several texts are fine. ELECTRA: an ELECTRA workdir
+uses its generator, as does an exported `generator` folder; the discriminator has no MLM head and
+is refused. --hf_dir runs our JAX model
 on the transformers weights (converted in memory), not torch. Prints a table per mask, or with
 --json one JSON object as the last line:
   {"source": ..., "results": [{"text", "ids", "masks": [{"position", "predictions":

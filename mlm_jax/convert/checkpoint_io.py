@@ -63,6 +63,11 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   from safetensors.numpy import save_file
   _check_out(out, overwrite)
   config = ckpt_lib.read_config(workdir)
+  if config.get("objective", "mlm") == "electra":
+    from mlm_jax.convert import electra
+    if arch not in (None, "electra"):
+      raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
+    return electra.to_hf(workdir, out, step)
   mcfg = config.model
   tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
   arch = arch or ("roberta" if tok.family == "bpe" and mcfg.position_offset else default_arch(mcfg))
@@ -113,9 +118,9 @@ def read_hf_config(hf_dir: str) -> dict:
       hcfg = json.load(f)
     except json.JSONDecodeError as e:
       raise ConversionError(f"{path}: not valid JSON ({e})") from None
-  if hcfg.get("model_type") not in hf.ARCHS:
+  if hcfg.get("model_type") not in hf.ARCHS + ("electra",):
     raise ConversionError(f"{path}: unknown architecture model_type={hcfg.get('model_type')!r}: expected one "
-                          f"of {', '.join(hf.ARCHS)}")
+                          f"of {', '.join(hf.ARCHS + ('electra',))}")
   return hcfg
 
 
@@ -233,6 +238,9 @@ def write_tokenizer_files(tok: tok_lib.Tokenizer, folder: str) -> list[str]:
 def model_config(hcfg: dict) -> ml_collections.ConfigDict:
   from mlm_jax.defaults import default_config
   try:
+    if hcfg.get("model_type") == "electra":
+      from mlm_jax.convert import electra
+      return electra.model_config_from_hf(hcfg, default_config().model)
     return hf.model_config_from_hf(hcfg, default_config().model)
   except (KeyError, ValueError) as e:
     raise ConversionError(f"HF config.json: {e}") from None
@@ -261,6 +269,11 @@ def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> boo
 def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str):
   """(graphdef, params, fresh_head) from an HF state dict, every tensor's presence and shape checked by name."""
   from mlm_jax import step as step_lib
+  if arch == "electra":   # one tower: the generator (with MLM head) or the discriminator (without)
+    from mlm_jax.convert import electra
+    graphdef, abstract = step_lib.abstract_model(mcfg)
+    kind = electra.GENERATOR if mcfg.mlm_head else electra.DISCRIMINATOR
+    return graphdef, electra.params_from_hf(sd, mcfg, kind, abstract)
   sd = _canonical_names(sd, arch)
   # Checkpoints saved from *ForPreTraining / base models carry the pooler; keep it (fine-tuning
   # heads use it as BERT does). *ForMaskedLM checkpoints have none.

@@ -1,0 +1,151 @@
+"""ELECTRA (mlm_jax/electra.py): the pair's losses against transformers, the corruption, the sampler."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from mlm_jax import electra  # noqa: E402
+from mlm_jax.convert import electra as electra_convert  # noqa: E402
+from mlm_jax.defaults import default_config  # noqa: E402
+
+V, S, B = 97, 16, 3
+
+
+def _config(scan=False, embedding_size=16):
+  c = default_config()
+  c.objective = "electra"
+  c.model.update(dict(vocab_size=V, hidden_size=32, embedding_size=embedding_size, num_layers=2, num_heads=4,
+                      intermediate_size=48, max_position_embeddings=S, type_vocab_size=2, scan_layers=scan,
+                      hidden_dropout=0.0, attention_dropout=0.0))
+  c.electra.update(dict(generator_hidden_size=16, generator_num_heads=2, generator_intermediate_size=24,
+                        generator_num_layers=1))
+  c.masking.update(dict(mask_id=V - 1, special_ids=(0, 1, 2, 3), mask_rate=0.3))
+  return ml_collections.FrozenConfigDict(c)
+
+
+def _pair(config, noise=0.05):
+  """(graphdef, params) of a pair with every parameter perturbed (no LayerNorm of ones or bias of zeros
+  to hide a mistake)."""
+  graphdef, params = electra.abstract_pair(config)
+  params = jax.jit(lambda: nnx.state(electra.ElectraPair(config, seed=0), nnx.Param))()
+  rng = np.random.default_rng(5)
+  params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + noise * rng.standard_normal(x.shape), x.dtype), params)
+  return graphdef, params
+
+
+@pytest.fixture(scope="module")
+def scanned_pair():
+  """(config, graphdef, params): both towers with scanned layers (the unscanned path is what the
+  training run of tests/test_train.py exports and checks)."""
+  config = _config(scan=True)
+  return (config,) + _pair(config)
+
+
+def _forward(config, graphdef, params, batch, key):
+  """The objective's prepare + forward in one jit (eager NNX runs op by op, ~20x slower here)."""
+  obj = electra.Electra(config)
+
+  def f(params, batch):
+    batch = obj.prepare(batch, key)
+    pair = nnx.merge(graphdef, params)
+    hidden = pair.generator(batch["input_ids"], batch["segment_ids"], batch["positions"])
+    return batch, obj.forward(pair, batch), pair.generator.mlm_logits(hidden)
+  return jax.device_get(jax.jit(f)(params, batch))
+
+
+def _batch():
+  rng = np.random.default_rng(3)
+  lengths = [S, 11, 6]
+  ids = np.ones((B, S), np.int32)          # pad id 1
+  seg = np.zeros((B, S), np.int32)
+  for i, n in enumerate(lengths):
+    ids[i, :n] = rng.integers(4, V - 1, n)
+    ids[i, 0] = 0
+    seg[i, :n] = 1
+  return dict(input_ids=jnp.asarray(ids), segment_ids=jnp.asarray(seg),
+              positions=jnp.tile(jnp.arange(S, dtype=jnp.int32), (B, 1)), word_starts=jnp.ones((B, S), jnp.int32))
+
+
+def _hf_models(config, params):
+  flats = electra_convert.tower_flats(params, config)
+  out = {}
+  for kind, cls, cfg in ((electra_convert.DISCRIMINATOR, transformers.ElectraForPreTraining,
+                          electra.discriminator_config(config)),
+                         (electra_convert.GENERATOR, transformers.ElectraForMaskedLM, electra.generator_config(config))):
+    tok = type("Tok", (), dict(pad_id=1, bos_id=0, eos_id=2, mask_id=V - 1))()
+    hcfg = electra_convert.hf_config(cfg, kind, tok)
+    model = cls(transformers.ElectraConfig(**hcfg)).eval()
+    sd = {k: torch.from_numpy(v.copy()) for k, v in electra_convert.state_dict(flats[kind], cfg, kind).items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"generator_lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    out[kind] = model
+  return out
+
+
+def test_losses_and_logits_match_transformers(scanned_pair):
+  config, graphdef, params = scanned_pair
+  batch, out, gen_logits = _forward(config, graphdef, params, _batch(), jax.random.key(7))
+  sums = out["sums"]
+  models = _hf_models(config, params)
+  mask = torch.from_numpy(np.asarray(batch["segment_ids"]) != 0).long()
+
+  # Generator: MLM loss over the used slots, and the logits there.
+  labels = np.full((B, S), -100, np.int64)
+  pos, lab, w = (np.asarray(batch[k]) for k in ("masked_positions", "masked_labels", "masked_weights"))
+  for b in range(B):
+    for p, l, wt in zip(pos[b], lab[b], w[b]):
+      if wt > 0:
+        labels[b, p] = l
+  with torch.no_grad():
+    g = models[electra_convert.GENERATOR](input_ids=torch.from_numpy(np.asarray(batch["input_ids"])).long(),
+                                          attention_mask=mask, labels=torch.from_numpy(labels))
+  assert sums["num_predictions"] == (labels >= 0).sum() > 0
+  np.testing.assert_allclose(sums["loss_sum"] / sums["num_predictions"], g.loss.item(), rtol=1e-4, atol=1e-4)
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(gen_logits[real], g.logits.numpy()[real], atol=1e-4, rtol=1e-4)
+
+  # Discriminator: on the corrupted sequence, BCE over the real tokens with our labels.
+  with torch.no_grad():
+    d = models[electra_convert.DISCRIMINATOR](input_ids=torch.from_numpy(np.asarray(out["corrupted"])).long(),
+                                              attention_mask=mask, labels=torch.from_numpy(np.asarray(out["labels"])))
+  np.testing.assert_allclose(sums["disc_loss_sum"] / sums["num_tokens"], d.loss.item(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out["disc_logits"])[real], d.logits.numpy()[real], atol=1e-4, rtol=1e-4)
+  assert sums["num_tokens"] == real.sum()
+
+
+def test_replacements_come_from_masked_slots_and_labels_mark_changes(scanned_pair):
+  config, graphdef, params = scanned_pair
+  # Make the generator always sample token 7, and put 7 in the text: masked slots holding 7 stay the same.
+  params = jax.tree.map(lambda x: x, params)
+  params["generator"]["decoder_bias"].value = params["generator"]["decoder_bias"].value.at[7].set(1e4)
+  base = _batch()
+  ids = np.asarray(base["input_ids"]).copy()
+  ids[:, 1::2] = np.where(np.asarray(base["segment_ids"])[:, 1::2] > 0, 7, ids[:, 1::2])
+  base["input_ids"] = jnp.asarray(ids)
+  batch, out, _ = _forward(config, graphdef, params, base, jax.random.key(3))
+  original, corrupted, labels = ids, out["corrupted"], out["labels"]
+  slots = np.zeros_like(ids, bool)
+  for b in range(B):
+    slots[b, batch["masked_positions"][b][np.asarray(batch["masked_weights"][b]) > 0]] = True
+  assert (corrupted[~slots] == original[~slots]).all()           # only masked slots change
+  assert (corrupted[slots] == 7).all()                           # ... to the generator's sample
+  np.testing.assert_array_equal(labels, (corrupted != original).astype(np.float32))
+  assert ((original[slots] == 7) & (labels[slots] == 0)).any()   # a sample equal to the original is no replacement
+  assert (labels[slots] == 1).any()
+  assert out["sums"]["replaced_sum"] == labels.sum()
+
+
+def test_gumbel_max_samples_follow_the_softmax():
+  logits = jnp.log(jnp.asarray([0.5, 0.3, 0.15, 0.05]))[None, None, :]
+  n = 20000
+  seeds = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(jax.random.key(0), i)))(jnp.arange(n))
+  draws = np.asarray(electra.sample_slots(jnp.broadcast_to(logits, (n, 1, 4)), seeds))[:, 0]
+  freq = np.bincount(draws, minlength=4) / n
+  np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.015)
