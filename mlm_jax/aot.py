@@ -83,13 +83,13 @@ def abstract_inputs(trainer, config: ml_collections.ConfigDict):
   """(state, batch, key) as ShapeDtypeStructs with the trainer's shardings; nothing is allocated."""
   import jax
   import jax.numpy as jnp
-  from mlm_jax import sharding
+  from mlm_jax import choices, sharding
   state = jax.eval_shape(trainer.init)
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        state, trainer.state_sharding)
   shape = (config.train.batch_size, config.data.seq_len)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding) for k in BATCH_KEYS}
-  if config.get("objective", "mlm") != "mlm":   # NSP / SOP rows (mlm_jax/data/sentence_pairs.py)
+  if config.get("objective", "mlm") in choices.SENTENCE_OBJECTIVES:   # NSP / SOP rows (mlm_jax/data/sentence_pairs.py)
     batch["token_type_ids"] = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding)
     batch["sentence_labels"] = jax.ShapeDtypeStruct(shape[:1], jnp.int32, sharding=trainer.batch_sharding)
   key = jax.eval_shape(lambda: jax.random.key(0))

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from mlm_jax.errors import ConfigError
 
+# Objectives that train on sentence pairs (mlm_jax/data/sentence_pairs.py) with a sentence head.
+SENTENCE_OBJECTIVES = ("mlm+nsp", "mlm+sop")
+
 CHOICES = {
     "model.positions": ("learned", "rotary"),
     "model.norm": ("post", "pre"),

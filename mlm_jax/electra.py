@@ -29,7 +29,7 @@ import ml_collections
 import optax
 from flax import nnx
 
-from mlm_jax import masking, model as model_lib, objectives
+from mlm_jax import masking, model as model_lib, objectives, schedules
 from mlm_jax.errors import ConfigError
 
 
@@ -134,9 +134,11 @@ class Electra:
     self.masking, self.vocab_size = config.masking, config.model.vocab_size
     self.disc_weight = float(config.electra.disc_weight)
 
-  def prepare(self, batch, key):
+  def prepare(self, batch, key, step=None):
+    """MLM's masking (at the scheduled mask rate for `step`, as step.MLM) plus per-example sampling seeds."""
     mask_key, sample_key = jax.random.split(key)
-    out = masking.mask_batch(batch, mask_key, self.masking, self.vocab_size)
+    rate = schedules.mask_rate(self.masking, step, traced=True) if step is not None else None
+    out = masking.mask_batch(batch, mask_key, self.masking, self.vocab_size, rate=rate)
     rows = jnp.arange(batch["input_ids"].shape[0])
     out["original_ids"] = batch["input_ids"]
     out["sample_seeds"] = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(sample_key, i)))(rows)

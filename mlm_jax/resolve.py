@@ -65,7 +65,8 @@ def _check_curricula(config: ml_collections.ConfigDict) -> None:
   schedules.data_phases(config.data)   # parses (one ConfigError per bad entry)
   store = bool(config.data.sources) and store_pipeline.is_store(config.data)
   what = ("data.mix_alpha_schedule / data.source_start_steps" if schedules.has_data_schedule(config.data)
-          else f"objective={config.objective!r}" if config.get("objective", "mlm") != "mlm" else "")
+          else f"objective={config.objective!r}" if config.get("objective", "mlm") in choices.SENTENCE_OBJECTIVES
+          else "")
   if what and not store:
     raise ConfigError(f"{what} needs token-store sources (data.sources=('store:DIR',)): prepare the corpus "
                       "once with tools/prepare_data.py --doc_format=blank_line, then train from store:DIR")
@@ -141,7 +142,7 @@ def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
 
 def bind_objective(config: ml_collections.ConfigDict) -> None:
   """NSP / SOP (config.objective) train BERT's pooler and a 2-way sentence head on it."""
-  if config.objective != "mlm":
+  if config.objective in choices.SENTENCE_OBJECTIVES:
     config.model.use_pooler = config.model.sentence_head = True
 
 

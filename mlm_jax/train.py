@@ -23,7 +23,7 @@ from ml_collections import config_flags  # noqa: E402
 import ml_collections  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
-from mlm_jax import flops, loop as loop_lib, masking, objectives, resolve, sharding, step as step_lib  # noqa: E402
+from mlm_jax import choices, flops, loop as loop_lib, masking, objectives, resolve, sharding, step as step_lib  # noqa: E402
 from mlm_jax.errors import DataError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
@@ -71,7 +71,7 @@ def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: s
   from mlm_jax.data import store_pipeline
   n, i = jax.process_count(), jax.process_index()
   local = config.train.batch_size // n
-  if config.objective != "mlm":
+  if config.objective in choices.SENTENCE_OBJECTIVES:
     from mlm_jax.data import sentence_pairs
     return sentence_pairs.PairPipeline(config.data, config.objective, local, config.seed, i, n, split,
                                        cache_dir=os.path.join(workdir, "data_index"))
@@ -129,7 +129,7 @@ class HeldOut:
     shape = (config.train.batch_size // jax.process_count(), config.data.seq_len)
     filler = {k: np.full(shape, self.tok.pad_id if k == "input_ids" else 0, np.int32)
               for k in ("input_ids", "segment_ids", "positions", "word_starts")}
-    if config.objective != "mlm":   # sentence pairs: all-zero rows carry no loss
+    if config.objective in choices.SENTENCE_OBJECTIVES:   # sentence pairs: all-zero rows carry no loss
       filler.update(token_type_ids=np.zeros(shape, np.int32), sentence_labels=np.zeros(shape[:1], np.int32))
     pipeline, sums = self.pipeline(), None
     for _ in range(config.train.eval_batches):

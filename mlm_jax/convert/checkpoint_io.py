@@ -273,7 +273,7 @@ def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str)
     from mlm_jax.convert import electra
     graphdef, abstract = step_lib.abstract_model(mcfg)
     kind = electra.GENERATOR if mcfg.mlm_head else electra.DISCRIMINATOR
-    return graphdef, electra.params_from_hf(sd, mcfg, kind, abstract)
+    return graphdef, electra.params_from_hf(sd, mcfg, kind, abstract), False
   sd = _canonical_names(sd, arch)
   # Checkpoints saved from *ForPreTraining / base models carry the pooler; keep it (fine-tuning
   # heads use it as BERT does). *ForMaskedLM checkpoints have none.
