@@ -231,16 +231,6 @@ def _same(a, b) -> bool:
   return norm(a) == norm(b)
 
 
-def _same_files(a: str, b: str) -> bool:
-  """The same path, or two local files with the same bytes (from_hf copies the tokenizer it is given)."""
-  if os.path.abspath(a) == os.path.abspath(b):
-    return True
-  if not (os.path.isfile(a) and os.path.isfile(b)):
-    return False
-  with open(a, "rb") as fa, open(b, "rb") as fb:
-    return fa.read() == fb.read()
-
-
 def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> None:
   """`init_from=DIR` is all it takes to continue: the model and the tokenizer are DIR's.
 
@@ -270,8 +260,9 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
   config.init_from = source
   tok = ckpt_lib.tokenizer_path(source, src)
   if os.path.exists(tok) or "://" in tok:
-    wanted = overrides.get("data.tokenizer")
-    if wanted and not _same_files(wanted, tok):
+    from mlm_jax.data import tokenizer as tok_lib
+    wanted = overrides.get("data.tokenizer")   # the same tokenizer (a copy, its folder) is no contradiction
+    if wanted and tok_lib.sha256_of(wanted) != tok_lib.sha256_of(tok):
       raise ConfigError(f"--config.data.tokenizer={wanted} contradicts init_from={given} (its tokenizer is {tok})")
     config.data.tokenizer = tok
   logging.info("init_from %s: model (%d fields differ from the config file's) and tokenizer %s from %s",
