@@ -84,12 +84,6 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
 
 
-def _tokenizer_from_bytes(proto: bytes, ids: dict | None, where: str) -> tok_lib.Tokenizer:
-  """A sentencepiece model held in memory, loaded through `tokenizer.load`'s sentencepiece path."""
-  from mlm_jax.data import tokenizer_spm
-  return tokenizer_spm.from_bytes(proto, ids, where)
-
-
 def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], list[int]]:
   """(ids with BOS/EOS, indices of the mask tokens); raises ValueError when the text has no mask."""
   strings = sorted({MASK_STRING, tok.mask_token}, key=len, reverse=True)

@@ -43,14 +43,10 @@ class MLMWithSentenceHead(MLM):
 
   @staticmethod
   def summarize(sums) -> dict:
-    return dict(MLM.summarize(sums), **MLMWithSentenceHead.eval_rates(sums))
+    n = max(float(sums["num_pairs"]), 1.0)
+    return dict(MLM.summarize(sums), sentence_loss=float(sums["sentence_loss_sum"]) / n,
+                sentence_accuracy=float(sums["sentence_correct_sum"]) / n)
 
   @staticmethod
   def console(m: dict) -> str:
     return f"{MLM.console(m)}  sent loss {m['sentence_loss']:.4f}  sent acc {m['sentence_accuracy']:.3f}"
-
-  @staticmethod
-  def eval_rates(sums) -> dict:
-    n = max(float(sums["num_pairs"]), 1.0)
-    return dict(sentence_loss=float(sums["sentence_loss_sum"]) / n,
-                sentence_accuracy=float(sums["sentence_correct_sum"]) / n)

@@ -59,8 +59,8 @@ class MLM:
   step's on-device input transform, here dynamic masking at the scheduled rate), `loss_sums`
   (summed loss and metric sums; the gradient is divided by `sums[count_key]` of the global batch),
   `evaluate` (what the eval step returns) and, for the loop, `summarize` / `console` (rates and
-  their part of the console line) and, optionally, `schedule_values(step)` (curriculum values at a
-  step, logged with the rates) and `eval_rates(sums)` (extra held-out rates).
+  their part of the console line; the held-out evaluation reports `summarize` too) and, optionally,
+  `schedule_values(step)` (curriculum values at a step, logged with the rates).
   """
   count_key = "num_predictions"
 

@@ -103,8 +103,7 @@ def test_xlmr_sentencepiece_bpe_model_is_read_with_transformers_ids(texts, tmp_p
   spm.SentencePieceTrainer.train(input=",".join(train.values()), model_prefix=str(folder / "sentencepiece.bpe"),
                                  vocab_size=1500, character_coverage=0.98, minloglevel=2)
   theirs = transformers.XLMRobertaTokenizer.from_pretrained(str(folder))
-  proto, ids = checkpoint_io.find_hf_tokenizer(str(folder))
-  ours = inference._tokenizer_from_bytes(proto, ids, str(folder))  # noqa: SLF001
+  ours = checkpoint_io.folder_tokenizer(str(folder))   # what from_hf and fill_mask --hf_dir read
   assert ours.vocab_size == len(theirs) == 1502
   assert (ours.bos_id, ours.pad_id, ours.eos_id, ours.unk_id, ours.mask_id) == (
       theirs.bos_token_id, theirs.pad_token_id, theirs.eos_token_id, theirs.unk_token_id, theirs.mask_token_id)

@@ -175,7 +175,7 @@ def read_hf_weights(hf_dir: str) -> tuple[dict, str]:
 
 def _canonical_names(sd: dict, arch: str) -> dict:
   """Older checkpoints' spellings (LayerNorm gamma/beta, the MLM bias under `decoder`) -> today's."""
-  if arch not in hf.ARCHS[:3]:   # the BERT family's table (ModernBERT has its own names)
+  if arch not in hf.BERT_ARCHS:   # the BERT family's table (ModernBERT has its own names)
     return dict(sd)
   out = {}
   prefix = "bert" if arch == "bert" else "roberta"
@@ -192,27 +192,6 @@ def _canonical_names(sd: dict, arch: str) -> dict:
   if bias not in out and decoder_bias in out:
     out[bias] = out[decoder_bias]
   return out
-
-
-def fairseq_xlmr_to_ours(proto_bytes: bytes) -> bytes:
-  """transformers' XLM-R sentencepiece.bpe.model in our xlmr layout (data/tokenizer_spm.py)."""
-  try:
-    return tokenizer_spm.fairseq_xlmr_to_ours(proto_bytes)
-  except errors.DataError as e:
-    raise ConversionError(str(e)) from None
-
-
-def find_hf_tokenizer(hf_dir: str) -> tuple[bytes, dict] | None:
-  """(sentencepiece model bytes, special ids JSON) of a folder's sentencepiece tokenizer, or None.
-
-  Our own export carries spm.model; transformers' XLM-R folders carry fairseq's
-  sentencepiece.bpe.model. For any family, see `folder_tokenizer`.
-  """
-  tok = folder_tokenizer(hf_dir)
-  if tok is None or tok.family != "sentencepiece":
-    return None
-  files = tok.files()
-  return files[tokenizer_spm.SPM_FILE], json.loads(files[tok_lib.special_ids_path(tokenizer_spm.SPM_FILE)])
 
 
 def folder_tokenizer(hf_dir: str) -> tok_lib.Tokenizer | None:
@@ -253,7 +232,7 @@ _HEAD = ("head_kernel", "head_bias", "head_norm.scale", "head_norm.bias", "decod
 def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> bool:
   """A base-model checkpoint (sentence-transformers: BertModel, no MLM head) gets a freshly initialized
   head, as transformers' *ForMaskedLM.from_pretrained would; returns whether it did."""
-  if arch not in hf.ARCHS[:3]:
+  if arch not in hf.BERT_ARCHS:
     return False   # ModernBERT: its converter names every tensor it needs
   rows = [(ours, theirs, to_hf) for ours, theirs, _, to_hf in hf.mapping(mcfg, arch) if ours in _HEAD]
   if any(theirs in sd for _, theirs, _ in rows):

@@ -23,12 +23,13 @@ from mlm_jax.checkpoint import path_name
 from mlm_jax.convert import modernbert
 from mlm_jax.errors import ConversionError
 
-ARCHS = ("bert", "roberta", "xlm-roberta", modernbert.ARCH)
+BERT_ARCHS = ("bert", "roberta", "xlm-roberta")   # the architectures of this module's table
+ARCHS = BERT_ARCHS + (modernbert.ARCH,)
 
 
 def _prefix(arch: str) -> str:
-  if arch not in ARCHS or arch == modernbert.ARCH:
-    raise ConversionError(f"unknown architecture {arch!r} for the BERT table: expected one of {ARCHS[:3]}")
+  if arch not in BERT_ARCHS:
+    raise ConversionError(f"unknown architecture {arch!r} for the BERT table: expected one of {BERT_ARCHS}")
   return "bert" if arch == "bert" else "roberta"
 
 

@@ -126,20 +126,6 @@ def load(path: str) -> SentencepieceTokenizer:
   return tok
 
 
-def from_bytes(proto: bytes, ids: dict | None, where: str) -> SentencepieceTokenizer:
-  """A model held in memory (e.g. converted), loaded through `load` from a scratch copy."""
-  import tempfile
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, SPM_FILE)
-    with open(path, "wb") as f:
-      f.write(proto)
-    if ids:
-      with open(base.special_ids_path(path), "w", encoding="utf-8") as f:
-        json.dump(ids, f)
-    tok = load(path)
-  return dataclasses.replace(tok, model_path=where)
-
-
 def _infer_special_ids(p: spm.SentencePieceProcessor, path: str) -> dict:
   for layout, pieces in base._PIECES.items():  # noqa: SLF001 - the layouts' piece names
     mask = p.piece_to_id(pieces["mask"])
