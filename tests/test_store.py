@@ -144,6 +144,59 @@ def test_resume_at_any_row_and_batch_size(store, tmp_path):
   assert far.stats()["sources"]["de"]["epochs"] > 1
 
 
+def test_rows_hold_the_pieces_of_their_documents(store, tmp_path):
+  """Each row, feature by feature, against the packing index and Store.read, piece by piece."""
+  for packing in ("segmented", "concat"):
+    p = _pipe(_cfg(store, tmp_path, packing=packing, mix_alpha=0.5), tmp_path, batch=16)
+    next(p)
+    got = next(p)
+    src, packed = p._locate(16 + np.arange(16))
+    for r in range(16):
+      st = p.streams[src[r]]
+      ix, ids, ws, seg = st.index, [], [], []
+      for k, q in enumerate(range(ix["row_ptr"][packed[r]], ix["row_ptr"][packed[r] + 1]), start=1):
+        d = st.store.read(st.name, "train", [ix["piece_doc"][q]])[0]
+        a, n = int(ix["piece_start"][q]), int(ix["piece_len"][q])
+        if packing == "segmented":
+          ids += [p.bos_id] + d.ids[a:a + n].tolist() + [p.eos_id]
+          ws += [1, 1] + d.word_starts[a + 1:a + n].tolist() + [1]
+          seg += [k] * (n + 2)
+        else:
+          ids += ([p.bos_id] + d.ids.tolist() + [p.eos_id])[a:a + n]
+          ws += ([1] + d.word_starts.tolist() + [1])[a:a + n]
+          seg += [1] * n
+      ws[0] = 1
+      m = len(ids)
+      assert got["input_ids"][r, :m].tolist() == ids and (got["input_ids"][r, m:] == p.pad_id).all()
+      assert got["word_starts"][r, :m].tolist() == ws
+      assert got["segment_ids"][r].tolist() == seg + [0] * (p.seq_len - m)
+
+
+def test_worker_processes_build_the_same_batches(store, tmp_path):
+  """data.store_workers: the same batches, stats and resume as in-process; a worker's death is one
+  line (and corrupt shards, in test_corrupt_and_truncated_shards, too)."""
+  c = dict(mix_alpha=0.5, packing="concat")
+  inline = _pipe(_cfg(store, tmp_path, **c), tmp_path)
+  want = [next(inline) for _ in range(10)]
+  w = _pipe(_cfg(store, tmp_path, store_workers=2, **c), tmp_path)
+  for b in want[:6]:
+    got = next(w)
+    assert all((got[k] == b[k]).all() for k in store_pipeline.FEATURES)
+  six = _pipe(_cfg(store, tmp_path, **c), tmp_path)
+  for _ in range(6):
+    next(six)
+  assert w.get_state() == six.get_state() and w.stats() == six.stats()
+  w.set_state(dict(w.get_state(), rows=24))          # back: what was built ahead is dropped
+  for b in want[3:8]:
+    assert (next(w)["input_ids"] == b["input_ids"]).all()
+  for proc in w._workers._procs:
+    proc.kill()
+  with pytest.raises(DataError) as e:
+    for _ in range(20):
+      next(w)
+  assert "store batch worker" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
   state = _pipe(_cfg(store, tmp_path), tmp_path).get_state()
   with pytest.raises(DataError, match=r"data\.seq_len changed \(32 saved, 64 now\)"):
@@ -159,7 +212,8 @@ def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
   assert _files(store) == before
 
 
-def test_corrupt_and_truncated_shards(store, tmp_path):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_corrupt_and_truncated_shards(store, tmp_path, workers):
   for damage in ("flip", "truncate"):
     bad = str(tmp_path / damage)
     shutil.copytree(store, bad)
@@ -171,7 +225,7 @@ def test_corrupt_and_truncated_shards(store, tmp_path):
     else:
       data = data[:len(data) // 2]
     open(shard, "wb").write(bytes(data))
-    p = _pipe(_cfg(f"{bad}:de", tmp_path), tmp_path, batch=64)
+    p = _pipe(_cfg(f"{bad}:de", tmp_path, store_workers=workers), tmp_path, batch=64)
     with pytest.raises(DataError) as e:
       for _ in range(40):
         next(p)

@@ -7,7 +7,8 @@
   python tools/benchmark_input.py --store=DIR          # a token store (tools/prepare_data.py)
 
 With --store, times the store pipeline (no tokenization at training time) on the same batch
-shape, and the first batch after set_state at global batch 0, 1e4 and 1e6 (resume cost).
+shape, built in this process and in --store_workers worker processes, and the first batch after
+set_state at global batch 0, 1e4 and 1e6 (resume cost).
 
 Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
 sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
@@ -76,28 +77,35 @@ def _bench_pipeline(args, cfg, tok):
 
 
 def _bench_store(args, cfg):
+  """The store pipeline built in this process, and (--store_workers=N) in N worker processes."""
   from mlm_jax.data import store_pipeline
   cfg = cfg.copy_and_resolve_references()
   cfg.sources = (f"store:{args.store}",)
-  t0 = time.perf_counter()
-  it = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
-  build_s = time.perf_counter() - t0
-  for _ in range(3):
-    next(it)
-  real, t0 = 0, time.perf_counter()
-  for _ in range(args.batches):
-    real += int((next(it)["segment_ids"] > 0).sum())
-  dt = time.perf_counter() - t0
-  state, resume = it.get_state(), {}
-  for b in (0, 10**4, 10**6):
+  out = {}
+  for workers in sorted({0, args.store_workers}):
+    cfg.store_workers = workers
     t0 = time.perf_counter()
-    fresh = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
-    fresh.set_state(dict(state, rows=b * args.batch_size))
-    next(fresh)
-    resume[f"batch_{b}"] = time.perf_counter() - t0
-  slots = args.batches * args.batch_size * cfg.seq_len
-  return dict(store_tokens_per_sec=slots / dt, store_real_tokens_per_sec=real / dt,
-              store_index_build_s=build_s, store_resume_first_batch_s=resume)
+    it = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+    build_s = time.perf_counter() - t0
+    for _ in range(3 + 2 * workers):   # workers start (a second or so) and fill their queue
+      next(it)
+    real, t0 = 0, time.perf_counter()
+    for _ in range(args.batches):
+      real += int((next(it)["segment_ids"] > 0).sum())
+    dt = time.perf_counter() - t0
+    slots = args.batches * args.batch_size * cfg.seq_len
+    tag = "store" if workers == 0 else f"store_{workers}_workers"
+    out.update({f"{tag}_tokens_per_sec": slots / dt, f"{tag}_real_tokens_per_sec": real / dt})
+    if workers == 0:
+      state, resume = it.get_state(), {}
+      for b in (0, 10**4, 10**6):
+        t0 = time.perf_counter()
+        fresh = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+        fresh.set_state(dict(state, rows=b * args.batch_size))
+        next(fresh)
+        resume[f"batch_{b}"] = time.perf_counter() - t0
+      out.update(store_index_build_s=build_s, store_resume_first_batch_s=resume)
+  return out
 
 
 def _bench_peer(args, cfg, tok):
@@ -171,6 +179,8 @@ def main(argv=None):
   p.add_argument("--peer_seconds", type=float, default=10.0)
   p.add_argument("--no_peer", action="store_true")
   p.add_argument("--store", default="", help="also time this token store (and its resume)")
+  p.add_argument("--store_workers", type=int, default=2,
+                 help="with --store: also time it with this many worker processes (data.store_workers)")
   args = p.parse_args(argv)
 
   from mlm_jax.data import config as data_config
@@ -190,7 +200,8 @@ def main(argv=None):
   result.update(r)
   if args.store:
     result.update(_bench_store(args, cfg))
-    result["store_speedup_vs_streaming"] = result["store_tokens_per_sec"] / result["tokens_per_sec"]
+    for k in [k for k in result if k.startswith("store") and k.endswith("_tokens_per_sec") and "real" not in k]:
+      result[k[:-len("_tokens_per_sec")] + "_speedup_vs_streaming"] = result[k] / result["tokens_per_sec"]
   if not args.no_peer:
     peer = _bench_peer(args, cfg, tok)
     result["peer_hf_collator_tokens_per_sec"] = peer.pop("tokens_per_sec")

@@ -150,7 +150,7 @@ class _PairStream(store_pipeline._Stream):
 
   def __init__(self, label, store, name, split, seq_len, layout, seed, salt, cache_dir):
     self.label, self.store, self.name, self.split = label, store, name, split
-    self.seed, self.salt = seed, salt
+    self._init_order(seed, salt)
     self.budget = seq_len - specials(layout)
     key = dict(kind="sentence_pairs", store=store.fingerprint, source=name, split=split,
                budget=self.budget, pair_index_version=INDEX_VERSION)
@@ -214,14 +214,29 @@ class PairPipeline(store_pipeline.StorePipeline):
         out[r] = make_pair(self.kind, docs[d], first, end, u, st.budget, docs[o])
     return out
 
-  def _assemble(self, src: np.ndarray, packed: np.ndarray) -> dict:
+  def _make_assembler(self):
+    return None   # pairs are built by _assemble below, in the training process (no store_workers)
+
+  def _build(self, first: int) -> tuple:
+    """As the store pipeline's (pure; worker threads call it), with each row's epoch: its pair is
+    drawn per epoch."""
+    rows = first + np.arange(self.batch_size, dtype=np.int64)
+    src, packed = self._locate(rows)
+    epochs = np.zeros_like(rows)
+    if self.split == "train":
+      k = self._positions(rows)[1]
+      epochs = k // np.asarray([s.rows for s in self.streams], np.int64)[src]
+    return self._assemble(src, packed, epochs)
+
+  def _assemble(self, src: np.ndarray, packed: np.ndarray, epochs: np.ndarray) -> tuple:
     n, s = len(src), self.seq_len
     out = {k: np.zeros((n, s), np.int32) for k in FEATURES if k != "sentence_labels"}
     out["sentence_labels"] = np.zeros((n,), np.int32)
     out["input_ids"][:] = self.pad_id
-    pairs = self.rows_for(src, packed, self._epochs)
+    tokens = np.zeros(len(self.streams), np.int64)
+    pairs = dict.fromkeys(self._pairs, 0)
     bos, eos = self.bos_id, self.eos_id
-    for r, pair in enumerate(pairs):
+    for r, pair in enumerate(self.rows_for(src, packed, epochs)):
       if pair is None:
         continue
       a, a_ws, b, b_ws, label = pair
@@ -241,19 +256,15 @@ class PairPipeline(store_pipeline.StorePipeline):
       out["segment_ids"][r, :m] = 1
       out["positions"][r, :m] = np.arange(m)
       out["sentence_labels"][r] = label
-      self._tokens[src[r]] += m
-      self._pairs["pairs"] += 1
-      self._pairs["nsp_negatives" if self.kind == "nsp" else "sop_swapped"] += label
-    return out
+      tokens[src[r]] += m
+      pairs["pairs"] += 1
+      pairs["nsp_negatives" if self.kind == "nsp" else "sop_swapped"] += label
+    return out, dict(tokens=tokens, pairs=pairs)
 
-  def _locate(self, rows: np.ndarray):
-    """As the store pipeline's, remembering each row's epoch (its pairs are drawn per epoch)."""
-    src, packed = super()._locate(rows)
-    self._epochs = np.zeros_like(rows)
-    if self.split == "train":
-      k = self._positions(rows)[1]
-      self._epochs = k // np.asarray([s.rows for s in self.streams], np.int64)[src]
-    return src, packed
+  def _count(self, tally: dict) -> None:
+    super()._count(tally)
+    for k, v in tally["pairs"].items():
+      self._pairs[k] += v
 
   def rewind(self) -> None:
     super().rewind()

@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 from array_record.python import array_record_module as ar
 
-from mlm_jax.data.sources import DataError
+from mlm_jax.errors import DataError
 
 FORMAT_VERSION = 1
 MAGIC = 0x4D4C4D44  # "DMLM"
@@ -44,8 +44,11 @@ MAGIC = 0x4D4C4D44  # "DMLM"
 # costs ~2.5x more per random read of these small records, for the same size on disk. Readers take
 # any compression, so stores written with brotli stay readable.
 WRITER_OPTIONS = "group_size:1,zstd:3"
-# Random access: the default 16 MiB readahead reads ahead of each record for nothing.
-READER_OPTIONS = "readahead_buffer_size:0"
+# Random access, one record at a time with seek + read: the default 16 MiB readahead would read
+# ahead of each record for nothing, and read([indices]) hands every call to a thread pool whose
+# wake-ups cost more than the reads (~8 us a record against ~4 us).
+READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
+READER_BUFFER = 4096
 SPLITS = ("train", "eval")
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
@@ -87,6 +90,50 @@ def decode_doc(record: bytes, where: str) -> Doc:
   ws = np.unpackbits(np.frombuffer(record, np.uint8, (n + 7) // 8, off), count=n)
   ends = np.frombuffer(record, _HEADER, m, off + (n + 7) // 8)
   return Doc(ids, ws, ends)
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+  """Several documents' records back to back in one buffer, so that one numpy gather reads tokens
+  of many documents at once (the batch assembly's path: a Python step per document or piece cost
+  more than reading the records)."""
+  buf: np.ndarray        # uint8, the records back to back
+  ids_at: np.ndarray     # int64 [k]: byte offset of each document's ids
+  bits_at: np.ndarray    # int64 [k]: byte offset of its packed word-start flags
+  lengths: np.ndarray    # int64 [k]: tokens
+  width: int             # bytes per token id (2 or 4), little-endian
+
+  def ids(self, doc: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Token t of document doc (arrays of equal shape; 0 <= t < lengths[doc])."""
+    at = self.ids_at[doc] + t * self.width
+    out = self.buf[at].astype(np.int32)
+    for k in range(1, self.width):
+      out |= self.buf[at + k].astype(np.int32) << (8 * k)
+    return out
+
+  def word_starts(self, doc: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return (self.buf[self.bits_at[doc] + t // 8] >> (7 - t % 8).astype(np.uint8)) & 1
+
+
+def join_records(records: list, where: list) -> Joined:
+  """Records (bytes) -> Joined, checking every header as decode_doc does; where[i] names record
+  i's shard in errors."""
+  buf = np.frombuffer(b"".join(records), np.uint8)
+  size = np.fromiter(map(len, records), np.int64, len(records))
+  at = np.cumsum(size) - size
+  if not records:
+    return Joined(buf, at, at, at, 2)
+  head = buf[np.minimum(at[:, None] + np.arange(16), buf.size - 1)].view(_HEADER)
+  magic, n, m, width = (head[:, i].astype(np.int64) for i in range(4))
+  ok = (magic == MAGIC) & ((width == 2) | (width == 4)) & (size >= 16)
+  ok &= size == 16 + n * width + (n + 7) // 8 + 4 * m
+  ok &= width == width[0]
+  if not ok.all():
+    i = int(np.argmin(ok))
+    raise DataError(f"corrupt record in {where[i]}: bad header {head[i].tolist()} for {size[i]} bytes "
+                    f"(expected magic {MAGIC:#x}, {int(width[0])}-byte ids as the batch's first record)")
+  w = int(width[0])
+  return Joined(buf, at + 16, at + 16 + n * w, n, w)
 
 
 def sha256_file(path: str) -> str:
@@ -181,6 +228,7 @@ class Store:
     return self._lens[key]
 
   def _reader(self, name: str, split: str, unit_pos: int):
+    """(reader, path) of a shard, opened and checked against the manifest once."""
     key = (name, split, unit_pos)
     if key not in self._readers:
       unit = self.source(name)["units"][unit_pos]
@@ -194,7 +242,7 @@ class Store:
         raise DataError(f"shard {path} is {size} bytes, the manifest says {expected}: "
                         "truncated or replaced; re-run prepare_data.py for it")
       try:
-        reader = ar.ArrayRecordReader(path, READER_OPTIONS)
+        reader = ar.ArrayRecordReader(path, READER_OPTIONS, file_reader_buffer_size=READER_BUFFER)
       except Exception as e:  # noqa: BLE001 - riegeli raises RuntimeError/ValueError
         raise DataError(f"cannot open shard {path}: {_first_line(e)}") from None
       if reader.num_records() != unit[f"{split}_docs"]:
@@ -203,24 +251,33 @@ class Store:
       self._readers[key] = (reader, path)
     return self._readers[key]
 
-  def read(self, name: str, split: str, doc_ids) -> list:
-    """Documents by id (any order, repeats allowed) -> [Doc], in the order asked."""
+  def _records(self, name: str, split: str, doc_ids) -> tuple[list, list]:
+    """(record bytes, shard path of each), in the order asked."""
     self.lengths(name, split)
     offsets = self._offsets[(name, split)]
     doc_ids = np.asarray(doc_ids, np.int64)
     units = np.searchsorted(offsets, doc_ids, side="right") - 1
-    out = [None] * len(doc_ids)
-    for u in np.unique(units):
-      where = np.nonzero(units == u)[0]
-      reader, path = self._reader(name, split, int(u))
-      local = (doc_ids[where] - offsets[u]).tolist()
+    out, paths = [None] * len(doc_ids), [None] * len(doc_ids)
+    for u in np.unique(units).tolist():
+      where = np.nonzero(units == u)[0].tolist()
+      reader, path = self._reader(name, split, u)
       try:
-        records = reader.read(local)
+        for i, k in zip(where, (doc_ids[where] - offsets[u]).tolist()):
+          reader.seek(k)
+          out[i] = reader.read()
       except Exception as e:  # noqa: BLE001
         raise DataError(f"cannot read shard {path}: {_first_line(e)}") from None
-      for i, rec in zip(where, records):
-        out[i] = decode_doc(rec, path)
-    return out
+      for i in where:
+        paths[i] = path
+    return out, paths
+
+  def read(self, name: str, split: str, doc_ids) -> list:
+    """Documents by id (any order, repeats allowed) -> [Doc], in the order asked."""
+    return [decode_doc(r, p) for r, p in zip(*self._records(name, split, doc_ids))]
+
+  def read_joined(self, name: str, split: str, doc_ids) -> Joined:
+    """Documents by id -> one Joined buffer (document i of it = doc_ids[i])."""
+    return join_records(*self._records(name, split, doc_ids))
 
   def close(self):
     for reader, _ in self._readers.values():

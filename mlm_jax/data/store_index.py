@@ -96,14 +96,22 @@ def default_cache_dir() -> str:
   return os.path.join(tempfile.gettempdir(), "mlm_jax_data_index")
 
 
+def index_folder(cache_dir: str, key: dict) -> str:
+  name = hashlib.sha256(json.dumps(dict(key, v=INDEX_VERSION), sort_keys=True).encode())
+  return os.path.join(cache_dir, name.hexdigest()[:24])
+
+
+def load(folder: str, names=_ARRAYS) -> dict:
+  return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in names}
+
+
 def load_or_build(cache_dir: str, key: dict, make, names=_ARRAYS) -> dict:
   """The index for `key` from cache_dir (memory-mapped), building and saving it on a miss.
 
   Written to a temporary folder and renamed, so concurrent hosts sharing a workdir and
   interrupted builds never leave a half index; the loser of a race uses the winner's.
   """
-  name = hashlib.sha256(json.dumps(dict(key, v=INDEX_VERSION), sort_keys=True).encode())
-  folder = os.path.join(cache_dir, name.hexdigest()[:24])
+  folder = index_folder(cache_dir, key)
   if not os.path.exists(os.path.join(folder, "key.json")):
     os.makedirs(cache_dir, exist_ok=True)
     arrays = make()
@@ -118,7 +126,7 @@ def load_or_build(cache_dir: str, key: dict, make, names=_ARRAYS) -> dict:
       for k in os.listdir(tmp):
         os.remove(os.path.join(tmp, k))
       os.rmdir(tmp)
-  return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in names}
+  return load(folder, names)
 
 
 def quotas(weights, block: int = MIX_BLOCK) -> np.ndarray:

@@ -22,6 +22,8 @@ fixed quota pattern, and a source's position at a phase start is the sum of what
 took from it, so locating a row stays O(phases). The global batch size is then part of the
 state's fingerprint: phases are in steps.
 """
+import collections
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -31,10 +33,11 @@ import numpy as np
 
 from mlm_jax import schedules
 from mlm_jax.data import store as store_lib
+from mlm_jax.data import store_batch
 from mlm_jax.data import store_index
 from mlm_jax.data.sources import DataError, split_named
 
-FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
+FEATURES = store_batch.FEATURES
 PERMUTE_BLOCK = 4096
 STATE_VERSION = 1
 # Fields of config.data that decide the store stream (the rest only matter to prepare/streaming).
@@ -73,11 +76,10 @@ def make_pipeline(data_config, tokenizer, batch_size_local: int, seed: int,
 
 class _Stream:
   """One source of one store, in one split: its documents and packing index."""
-  _block_id, _block = -1, None   # packed_rows' cache (class defaults: subclasses need not set them)
 
   def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir):
     self.label, self.store, self.name, self.split = label, store, name, split
-    self.seed, self.salt = seed, salt
+    self._init_order(seed, salt)
     lens = store.lengths(name, split)
     key = dict(store=store.fingerprint, source=name, split=split, seq_len=seq_len,
                packing=packing, seed=seed if split == "train" else None)
@@ -88,34 +90,41 @@ class _Stream:
       return store_index.build(lens, seq_len, packing, order)
 
     self.index = store_index.load_or_build(cache_dir, key, make)
+    self.index_dir = store_index.index_folder(cache_dir, key)
     self.rows = int(self.index["row_ptr"].shape[0] - 1)
     self.tokens = int(store.source(name)["tokens" if split == "train" else "eval_tokens"])
     # BOS/EOS included, as the rows carry them: for stats (exact at every epoch end).
     self.tokens_per_row = float(self.index["row_tokens"].sum()) / max(self.rows, 1)
 
+  def _init_order(self, seed: int, salt: int) -> None:
+    self.seed, self.salt = seed, salt
+    self._block_id, self._block = -1, None   # packed_rows' cache
+
+  def _permuted_block(self, b: int) -> np.ndarray:
+    if b != self._block_id:
+      rows = np.arange(b * PERMUTE_BLOCK, (b + 1) * PERMUTE_BLOCK, dtype=np.int64)
+      epoch, j = np.divmod(rows, self.rows)
+      values = np.empty_like(rows)
+      for e in np.unique(epoch):
+        at = epoch == e
+        values[at] = store_index.permute(j[at], self.seed, self.salt, int(e), self.rows)
+      self._block_id, self._block = b, values
+    return self._block
+
   def packed_rows(self, k: np.ndarray) -> np.ndarray:
     """Source rows k (any epoch) -> packed row ids (stateless per-epoch permutation).
 
-    The permutation is evaluated PERMUTE_BLOCK rows at a time and the last block kept: a batch's rows
-    of a source are near each other, and one TensorFlow op call costs ~0.5 ms however few rows it
+    The permutation is evaluated PERMUTE_BLOCK rows at a time and the last block kept: a batch's
+    rows of a source are near each other, and one TensorFlow op call costs ~0.5 ms however few rows it
     permutes (most of a batch's assembly time before this cache).
     """
     if self.split == "eval":
       return k
     out = np.empty_like(k)
     blocks = k // PERMUTE_BLOCK
-    for b in np.unique(blocks):
+    for b in np.unique(blocks).tolist():
       sel = blocks == b
-      if self._block_id != b:
-        lo = int(b) * PERMUTE_BLOCK
-        rows = np.arange(lo, lo + PERMUTE_BLOCK, dtype=np.int64)
-        epoch, j = np.divmod(rows, self.rows)
-        values = np.empty_like(rows)
-        for e in np.unique(epoch):
-          at = epoch == e
-          values[at] = store_index.permute(j[at], self.seed, self.salt, int(e), self.rows)
-        self._block_id, self._block = b, values
-      out[sel] = self._block[k[sel] - int(b) * PERMUTE_BLOCK]
+      out[sel] = self._permuted_block(b)[k[sel] - b * PERMUTE_BLOCK]
     return out
 
 
@@ -150,7 +159,14 @@ class StorePipeline:
       self._eval_ends = np.cumsum([s.rows for s in self.streams])
     self._rows = 0
     self._tokens = np.zeros(len(self.streams), np.int64)
-    self._source_rows = np.zeros(len(self.streams), np.int64)
+    self._assembler = self._make_assembler()
+    # Training batches in worker processes, `prefetch` (at least 2 per worker) started ahead; with
+    # none, each batch is built in this process when asked (a thread would only share the GIL with
+    # the training step's dispatch). The eval split is small and read now and then: in-process.
+    self._num_workers = max(int(c.get("store_workers", 0)), 0) if split == "train" and self._assembler else 0
+    self._workers = None   # started at the first batch
+    depth = max(int(c.prefetch), 2 * self._num_workers)
+    self._ahead = (_Ahead(self._submit, batch_size * process_count, depth) if self._num_workers else None)
 
   # -- setup -------------------------------------------------------------------------------
   def _open(self, c, seed, cache_dir):
@@ -265,56 +281,33 @@ class StorePipeline:
     return src, k
 
   # -- rows -> batch -----------------------------------------------------------------------
-  def _assemble(self, src: np.ndarray, packed: np.ndarray) -> dict:
-    n, s = len(src), self.seq_len
-    out = {k: np.zeros((n, s), np.int32) for k in FEATURES}
-    out["input_ids"][:] = self.pad_id
-    rows = []   # (row, stream, piece range)
-    for i in range(len(self.streams)):
-      sel = np.nonzero(src == i)[0]
-      if sel.size == 0:
-        continue
-      st = self.streams[i]
-      lo, hi = st.index["row_ptr"][packed[sel]], st.index["row_ptr"][packed[sel] + 1]
-      pieces = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])
-      doc_ids = np.unique(st.index["piece_doc"][pieces])
-      docs = dict(zip(doc_ids.tolist(), st.store.read(st.name, st.split, doc_ids)))
-      self._tokens[i] += int(st.index["row_tokens"][packed[sel]].sum())
-      for r, a, b in zip(sel.tolist(), lo.tolist(), hi.tolist()):
-        rows.append((r, st, a, b, docs))
-    fill = self._fill_segmented if self.packing == "segmented" else self._fill_concat
-    for r, st, a, b, docs in rows:
-      fill(out, r, st.index, a, b, docs)
-    return out
+  def _build(self, first: int) -> tuple:
+    """(host batch whose first global row is `first`, the counts it adds to the stats).
 
-  def _fill_segmented(self, out, r, index, a, b, docs):
-    at = 0
-    for seg, p in enumerate(range(a, b), start=1):
-      d = docs[int(index["piece_doc"][p])]
-      start, n = int(index["piece_start"][p]), int(index["piece_len"][p])
-      end = at + n + 2
-      out["input_ids"][r, at] = self.bos_id
-      out["input_ids"][r, at + 1:end - 1] = d.ids[start:start + n]
-      out["input_ids"][r, end - 1] = self.eos_id
-      out["word_starts"][r, at:end] = 1
-      out["word_starts"][r, at + 2:end - 1] = d.word_starts[start + 1:start + n]
-      out["segment_ids"][r, at:end] = seg
-      out["positions"][r, at:end] = np.arange(n + 2)
-      at = end
+    A pure function of `first` (worker processes build batches ahead, see _Ahead); the counts are
+    added as each batch is handed out.
+    """
+    src, packed = self._locate(first + np.arange(self.batch_size, dtype=np.int64))
+    return self._assemble(src, packed)
 
-  def _fill_concat(self, out, r, index, a, b, docs):
-    at = 0
-    for p in range(a, b):
-      d = docs[int(index["piece_doc"][p])]
-      start, n = int(index["piece_start"][p]), int(index["piece_len"][p])
-      ids = np.concatenate([[self.bos_id], d.ids, [self.eos_id]])[start:start + n]
-      ws = np.concatenate([[1], d.word_starts, [1]])[start:start + n]
-      out["input_ids"][r, at:at + n] = ids
-      out["word_starts"][r, at:at + n] = ws
-      at += n
-    out["segment_ids"][r, :at] = 1
-    out["positions"][r, :at] = np.arange(at)
-    out["word_starts"][r, 0] = 1 if at else 0
+  def _assemble(self, src: np.ndarray, packed: np.ndarray) -> tuple:
+    return self._assembler(src, packed)
+
+  def _make_assembler(self):
+    parts = [store_batch.Part(s.store, s.name, s.split, s.index) for s in self.streams]
+    return store_batch.Assembler(parts, self.seq_len, self.packing, self.pad_id, self.bos_id, self.eos_id)
+
+  def _submit(self, first: int) -> concurrent.futures.Future:
+    """Start building the batch at `first` in a worker process (which rows: decided here)."""
+    if self._workers is None:
+      spec = dict(parts=[(s.store.root, s.name, s.split, s.index_dir) for s in self.streams],
+                  args=dict(seq_len=self.seq_len, packing=self.packing, pad_id=self.pad_id,
+                            bos_id=self.bos_id, eos_id=self.eos_id))
+      self._workers = store_batch.Workers(spec, self._num_workers)
+    return self._workers.submit(*self._locate(first + np.arange(self.batch_size, dtype=np.int64)))
+
+  def _count(self, tally: dict) -> None:
+    self._tokens += tally["tokens"]
 
   # -- the Pipeline interface --------------------------------------------------------------
   def __iter__(self):
@@ -324,14 +317,16 @@ class StorePipeline:
     if self.split == "eval" and self._rows >= int(self._eval_ends[-1]):
       raise StopIteration
     first = self._rows + self.process_index * self.batch_size
-    src, packed = self._locate(first + np.arange(self.batch_size, dtype=np.int64))
-    batch = self._assemble(src, packed)
+    batch, tally = self._ahead.get(first) if self._ahead else self._build(first)
+    self._count(tally)
     self._rows += self.batch_size * self.process_count
     return batch
 
   def rewind(self) -> None:
     self._rows = 0
     self._tokens[:] = 0
+    if self._ahead:
+      self._ahead.drop()
 
   def _key(self) -> dict:
     c = self.config
@@ -388,3 +383,30 @@ class StorePipeline:
       if self.split == "train":
         out[s.label]["weight"] = float(weights[i])
     return dict(rows=self._rows, sources=out, **extra)
+
+
+class _Ahead:
+  """The next `depth` batches, started ahead of the consumer (train split: it never ends).
+
+  Each batch is a pure function of its first row, so workers may build batches first, first+step,
+  ... in any order; get(first) hands them out in order. A `first` other than the expected one
+  (after set_state or rewind) drops what was started and starts over there.
+  """
+
+  def __init__(self, submit, step: int, depth: int):
+    self._submit, self._step, self._depth = submit, step, depth
+    self._queue, self._next = collections.deque(), None
+
+  def get(self, first: int):
+    if not self._queue or self._queue[0][0] != first:
+      self.drop()
+      self._next = first
+    while len(self._queue) < self._depth:
+      self._queue.append((self._next, self._submit(self._next)))
+      self._next += self._step
+    return self._queue.popleft()[1].result()
+
+  def drop(self) -> None:
+    for _, future in self._queue:
+      future.cancel()
+    self._queue.clear()
