@@ -10,7 +10,9 @@ import tensorflow_datasets as tfds
 
 from mlm_jax.data import config as data_config
 from mlm_jax.data import pipeline
+from mlm_jax.data import prepare
 from mlm_jax.data import sources
+from mlm_jax.data import store as store_lib
 from mlm_jax.data import tokenizer
 from mlm_jax.data.sources import DataError
 from mlm_jax.errors import ConfigError
@@ -250,6 +252,18 @@ def test_tfds_spec_through_pipeline(shared_data, tok, tmp_path):
   got = _segments(_epoch(cfg, tok), tok, 64)
   assert collections.Counter(got) == collections.Counter(
       _expected_chunks(tok, MlmJaxPipelineText.LINES, 62))
+  # and prepared into a token store: the same documents
+  docs = _prepared(cfg, tok, tmp_path, "ru")
+  assert collections.Counter(tuple(d.ids.tolist()) for d in docs) == collections.Counter(
+      tuple(tok.encode(line)) for line in MlmJaxPipelineText.LINES)
+
+
+def _prepared(cfg, tok, tmp_path, name):
+  root = str(tmp_path / "store")
+  prepare.prepare(prepare.Options(sources=tuple(cfg.sources), tokenizer=tok.model_path, eval_percent=0.0,
+                                  tfds_data_dir=cfg.tfds_data_dir), root, progress_s=1e9, log=lambda s: None)
+  st = store_lib.Store(root)
+  return st.read(name, "train", np.arange(st.lengths(name, "train").size))
 
 
 def test_pretokenized_tfrecords_through_pipeline(tok, tmp_path):
@@ -263,6 +277,10 @@ def test_pretokenized_tfrecords_through_pipeline(tok, tmp_path):
   got = _segments(_epoch(cfg, tok, batch_size=2), tok, 32)
   want = [tuple(d[i:i + 30]) for d in docs for i in range(0, len(d), 30)]
   assert collections.Counter(got) == collections.Counter(want)
+  stored = _prepared(cfg, tok, tmp_path, "tok")            # and prepared into a token store
+  assert [d.ids.tolist() for d in stored] == docs
+  table = np.asarray(tok.word_start_table())
+  assert stored[1].word_starts[1:].tolist() == table[docs[1][1:]].tolist()
 
 
 def test_bad_input_through_pipeline(tok, tmp_path):

@@ -210,6 +210,11 @@ def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
     _pipe(_cfg(store, tmp_path, tokenizer=other), tmp_path)
   assert "is not the tokenizer of store" in str(e.value) and "\n" not in str(e.value)
   assert _files(store) == before
+  for run in (lambda: prepare.prepare(_opts(shared_data, tok), "gs://bucket/store", log=lambda s: None),
+              lambda: _pipe(_cfg("gs://bucket/store", tmp_path), tmp_path)):
+    with pytest.raises(DataError, match="gs://bucket/store: a store must be a local or mounted directory"):
+      run()
+  assert not os.path.exists("gs:")
 
 
 @pytest.mark.parametrize("workers", [0, 1])

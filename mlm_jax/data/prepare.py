@@ -151,7 +151,8 @@ def _documents(unit: Unit, opts: Options, counters):
       yield rec, np.asarray(ex.features.feature["input_ids"].int64_list.value, np.int64)
   else:
     import tensorflow_datasets as tfds
-    name, part, feature = unit.input.split(":")
+    name, rest = unit.input.split(":", 1)
+    part, feature = rest.rsplit(":", 1)   # the split slice has a colon of its own: train[0%:6%]
     ds = tfds.builder(name, data_dir=opts.tfds_data_dir or None).as_dataset(split=part)
     for ex in ds.as_numpy_iterator():
       text = ex[feature].decode("utf-8", errors="replace").lstrip("\ufeff").replace("\r", "")
@@ -299,6 +300,7 @@ def prepare(opts: Options, root: str, *, num_workers: int = 1, task_index: int =
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
   if not 0 <= task_index < num_tasks:
     raise DataError(f"--task_index={task_index} not in [0, --num_tasks={num_tasks})")
+  store_lib.check_local(root)
   tok = tokenizer_lib.load(opts.tokenizer)
   os.makedirs(root, exist_ok=True)
   sha = _pin_options(root, opts, tok)

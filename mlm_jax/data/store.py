@@ -157,6 +157,15 @@ def parse_store_spec(spec: str):
   return path, ([n for n in names.split(",") if n] or None)
 
 
+def check_local(root: str) -> None:
+  """Stores are local (or mounted) directories: ArrayRecord's open-source reader and writer use
+  file descriptors, so a gs:// path would not be read; say so instead of failing on a missing file."""
+  if "://" in root:
+    raise DataError(f"token store {root}: a store must be a local or mounted directory (ArrayRecord "
+                    "reads files by descriptor); copy it to local disk or mount the bucket (gcsfuse) "
+                    "and give that path")
+
+
 class Store:
   """A prepared store, opened read-only: manifest, document lengths, documents by id.
 
@@ -164,6 +173,7 @@ class Store:
   """
 
   def __init__(self, root: str):
+    check_local(root)
     self.root = root
     path = os.path.join(root, MANIFEST)
     try:
