@@ -13,7 +13,6 @@ from mlm_jax import runtime
 runtime.configure()   # before jax and tensorflow are imported: platform and log levels
 
 import functools  # noqa: E402
-import os  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
@@ -62,22 +61,25 @@ def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: s
   """This process's rows of each global batch.
 
   A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
-  do not depend on the process count; its packing index is cached in WORKDIR/data_index. Streaming
-  text: per_host='shard' (default) has each process read its own disjoint part of the corpus (scales
-  to any corpus and host count); per_host='slice' has each read the whole stream and keep its rows,
-  so the global batches are identical for any process count (small corpora, reproducibility tests).
+  do not depend on the process count; its packing index is cached in WORKDIR/data_index (a local
+  folder when the workdir is gs://). Streaming text: per_host='shard' (default) has each process
+  read its own disjoint part of the corpus (scales to any corpus and host count); per_host='slice'
+  has each read the whole stream and keep its rows, so the global batches are identical for any
+  process count (small corpora, reproducibility tests).
   """
   from mlm_jax.data import pipeline as pipeline_lib
+  from mlm_jax.data import store_index
   from mlm_jax.data import store_pipeline
   n, i = jax.process_count(), jax.process_index()
   local = config.train.batch_size // n
+  cache_dir = store_index.cache_dir_for(workdir)
   if config.objective in choices.SENTENCE_OBJECTIVES:
     from mlm_jax.data import sentence_pairs
     return sentence_pairs.PairPipeline(config.data, config.objective, local, config.seed, i, n, split,
-                                       cache_dir=os.path.join(workdir, "data_index"))
+                                       cache_dir=cache_dir)
   if store_pipeline.is_store(config.data):
     return store_pipeline.make_pipeline(config.data, tok, local, config.seed, i, n, split,
-                                        cache_dir=os.path.join(workdir, "data_index"))
+                                        cache_dir=cache_dir)
   if config.data.per_host == "slice":
     whole = pipeline_lib.Pipeline(config.data, tok, config.train.batch_size, seed=config.seed, split=split)
     return _RowSlice(whole, i * local, local)

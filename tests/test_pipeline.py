@@ -204,7 +204,7 @@ def test_resume_gives_identical_batches(shared_data, tok):
   assert resumed.get_state()["batches"] == k + n
 
 
-def test_resume_refuses_a_different_stream(shared_data, tok):
+def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
   cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}",), seq_len=32)
   state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
   cfg.packing = "concat"
@@ -213,6 +213,16 @@ def test_resume_refuses_a_different_stream(shared_data, tok):
   assert "\n" not in str(e.value) and "the data config differs" in str(e.value)
   with pytest.raises(DataError, match="batch_size differs"):
     pipeline.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
+  # another tokenizer of the same vocabulary size
+  other = tokenizer.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
+                          max_sentences_per_language=3000, verbose=False)
+  assert other.vocab_size == tok.vocab_size
+  state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
+  with pytest.raises(DataError, match="the data config differs"):
+    pipeline.Pipeline(cfg, other, 4, seed=0).set_state(state)
+  # checkpoints written before the tokenizer's sha256 was part of the fingerprint still resume
+  same = pipeline.Pipeline(cfg, tok, 4, seed=0)
+  same.set_state(dict(state, fingerprint=same._fingerprints[1]))
 
 
 def test_hosts_cover_the_epoch(shared_data, tok):

@@ -215,6 +215,8 @@ def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
     with pytest.raises(DataError, match="gs://bucket/store: a store must be a local or mounted directory"):
       run()
   assert not os.path.exists("gs:")
+  assert store_index.cache_dir_for("gs://bucket/run") == store_index.default_cache_dir()
+  assert store_index.cache_dir_for("/runs/a") == "/runs/a/data_index"
 
 
 @pytest.mark.parametrize("workers", [0, 1])

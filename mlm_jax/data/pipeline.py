@@ -37,6 +37,7 @@ restored iterator skips the `batches` already consumed inside tf.data (C++, no P
 batch), at the pipeline's own speed. That keeps the checkpointed state a few bytes instead of
 megabytes of shuffle buffers, at the cost of restore time proportional to the run so far.
 """
+import functools
 import hashlib
 import json
 import logging
@@ -376,7 +377,10 @@ class Pipeline:
   def dataset(self) -> tf.data.Dataset:
     return self._dataset
 
-  def _fingerprint(self) -> str:
+  @functools.cached_property
+  def _fingerprints(self) -> tuple:
+    """(this stream's fingerprint, the one checkpoints written before it named the tokenizer by its
+    sha256 carry: vocabulary size only), so that those still resume."""
     c = self.config
     key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources),
                eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
@@ -384,7 +388,8 @@ class Pipeline:
                shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files,
                seq_len=c.seq_len, tokenize_batch=c.tokenize_batch,
                vocab_size=self.tokenizer.vocab_size)
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    digest = lambda k: hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16]
+    return digest(dict(key, tokenizer=self.tokenizer.sha256)), digest(key)
 
   def _start(self, skip: int):
     ds = self._dataset.skip(skip) if skip else self._dataset
@@ -410,11 +415,13 @@ class Pipeline:
   def get_state(self) -> dict:
     return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
                 batch_size=self.batch_size, process_index=self.process_index,
-                process_count=self.process_count, fingerprint=self._fingerprint())
+                process_count=self.process_count, fingerprint=self._fingerprints[0])
 
   def set_state(self, state: dict) -> None:
     """Continue after `state['batches']` batches of the same stream (checked by fingerprint)."""
     mine = self.get_state()
+    if state.get("fingerprint") == self._fingerprints[1]:
+      mine["fingerprint"] = state["fingerprint"]
     for key in ("seed", "split", "batch_size", "process_index", "process_count", "fingerprint"):
       if key in state and state[key] != mine[key]:
         what = "the data config" if key == "fingerprint" else key

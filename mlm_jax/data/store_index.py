@@ -96,6 +96,13 @@ def default_cache_dir() -> str:
   return os.path.join(tempfile.gettempdir(), "mlm_jax_data_index")
 
 
+def cache_dir_for(workdir: str) -> str:
+  """WORKDIR/data_index for a local workdir. A gs:// workdir gets a local folder instead: the index
+  is memory-mapped, which needs a local file, and being a pure function of (store, config) it can
+  be built by each host on its own."""
+  return default_cache_dir() if "://" in workdir else os.path.join(workdir, "data_index")
+
+
 def index_folder(cache_dir: str, key: dict) -> str:
   name = hashlib.sha256(json.dumps(dict(key, v=INDEX_VERSION), sort_keys=True).encode())
   return os.path.join(cache_dir, name.hexdigest()[:24])
