@@ -1,5 +1,6 @@
 """Token store: prepare (atomic, resumable, worker-independent) and the O(1)-resumable reader."""
 import collections
+import gc
 import gzip
 import os
 import shutil
@@ -189,6 +190,12 @@ def test_worker_processes_build_the_same_batches(store, tmp_path):
   w.set_state(dict(w.get_state(), rows=24))          # back: what was built ahead is dropped
   for b in want[3:8]:
     assert (next(w)["input_ids"] == b["input_ids"]).all()
+  procs = list(w._workers._procs)
+  del w
+  gc.collect()                                        # a dropped pipeline's workers end
+  assert [p.wait(timeout=10) for p in procs] == [0, 0]
+  w = _pipe(_cfg(store, tmp_path, store_workers=2, **c), tmp_path)
+  next(w)
   for proc in w._workers._procs:
     proc.kill()
   with pytest.raises(DataError) as e:

@@ -8,7 +8,8 @@
 
 With --store, times the store pipeline (no tokenization at training time) on the same batch
 shape, built in this process and in --store_workers worker processes, and the first batch after
-set_state at global batch 0, 1e4 and 1e6 (resume cost).
+set_state at global batch 0, 1e4 and 1e6 (resume cost). With --prepare_workers=N, times
+tools/prepare_data.py on the same input with 1 and N workers, beside sentencepiece's own encode rate.
 
 Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
 sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
@@ -108,6 +109,38 @@ def _bench_store(args, cfg):
   return out
 
 
+def _bench_prepare(args, cfg, tok):
+  """tools/prepare_data.py's work on the benchmark input with 1 and --prepare_workers workers (the
+  whole run: reading, tokenizing, hashing the held-out split, writing shards), beside
+  sentencepiece's own encode of the same documents already in memory."""
+  from mlm_jax.data import prepare
+  from mlm_jax.data import sources
+  docs = []
+  for src in sources.parse_sources(cfg.sources):
+    ds = src.documents(doc_format=cfg.doc_format)
+    docs += [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+  out = {}
+  if tok.family == "sentencepiece":
+    for threads in (1, os.cpu_count() or 1):
+      t0, n = time.perf_counter(), 0
+      for i in range(0, len(docs), 4096):
+        n += sum(map(len, tok.processor.encode(docs[i:i + 4096], num_threads=threads)))
+      out[f"sentencepiece_encode_{threads}_threads_tokens_per_sec"] = n / (time.perf_counter() - t0)
+  for workers in sorted({1, args.prepare_workers}):
+    with tempfile.TemporaryDirectory() as root:
+      opts = prepare.Options(sources=tuple(cfg.sources), tokenizer=tok.model_path, doc_format=cfg.doc_format,
+                             eval_percent=1.0)
+      t0 = time.perf_counter()
+      manifest = prepare.prepare(opts, os.path.join(root, "store"), num_workers=workers, progress_s=1e9,
+                                 log=lambda line: None)
+      dt = time.perf_counter() - t0
+    tokens = sum(v["tokens"] + v["eval_tokens"] for v in manifest["sources"].values())
+    out[f"prepare_{workers}_workers_tokens_per_sec"] = tokens / dt
+    out[f"prepare_{workers}_workers_s"] = dt
+  out["prepare_tokens"] = tokens
+  return out
+
+
 def _bench_peer(args, cfg, tok):
   """sentencepiece encode loop + group into blocks + DataCollatorForLanguageModeling."""
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -179,6 +212,8 @@ def main(argv=None):
   p.add_argument("--peer_seconds", type=float, default=10.0)
   p.add_argument("--no_peer", action="store_true")
   p.add_argument("--store", default="", help="also time this token store (and its resume)")
+  p.add_argument("--prepare_workers", type=int, default=0,
+                 help="also time tools/prepare_data.py on the input with 1 and this many workers (0: not)")
   p.add_argument("--store_workers", type=int, default=2,
                  help="with --store: also time it with this many worker processes (data.store_workers)")
   args = p.parse_args(argv)
@@ -202,6 +237,8 @@ def main(argv=None):
     result.update(_bench_store(args, cfg))
     for k in [k for k in result if k.startswith("store") and k.endswith("_tokens_per_sec") and "real" not in k]:
       result[k[:-len("_tokens_per_sec")] + "_speedup_vs_streaming"] = result[k] / result["tokens_per_sec"]
+  if args.prepare_workers:
+    result.update(_bench_prepare(args, cfg, tok))
   if not args.no_peer:
     peer = _bench_peer(args, cfg, tok)
     result["peer_hf_collator_tokens_per_sec"] = peer.pop("tokens_per_sec")

@@ -104,7 +104,11 @@ def assembler_from_spec(spec: dict) -> Assembler:
 
 
 class Workers:
-  """`n` worker processes building batches; submit(src, packed) -> a Future of (batch, tally)."""
+  """`n` worker processes building batches; submit(src, packed) -> a Future of (batch, tally).
+
+  A worker ends when its stdin closes: close(), this object being collected, the interpreter
+  exiting, or the training process dying.
+  """
 
   def __init__(self, spec: dict, n: int):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,56 +121,60 @@ class Workers:
       proc.stdin.flush()
       self._procs.append(proc)
       self._pending.append({})
-      threading.Thread(target=self._replies, args=(k,), daemon=True, name=f"store-worker-{k}").start()
+      # the reader thread holds the process, its pending futures and the lock, not self
+      threading.Thread(target=_replies, args=(proc, self._pending[k], self._lock), daemon=True,
+                       name=f"store-worker-{k}").start()
     self._finalizer = weakref.finalize(self, _stop, list(self._procs))
 
   def submit(self, src: np.ndarray, packed: np.ndarray) -> concurrent.futures.Future:
     future = concurrent.futures.Future()
     with self._lock:
       k = min(range(len(self._procs)), key=lambda i: len(self._pending[i]))
+      proc, pending = self._procs[k], self._pending[k]
       self._seq += 1
-      self._pending[k][self._seq] = future
-      proc = self._procs[k]
-      if proc.poll() is not None:
-        self._fail(k)
-        return future
+      pending[self._seq] = future
       try:
+        if proc.poll() is not None:
+          raise BrokenPipeError
         pickle.dump((self._seq, src, packed), proc.stdin)
         proc.stdin.flush()
       except (BrokenPipeError, OSError):
-        self._fail(k)
+        _fail(proc, pending)
     return future
-
-  def _replies(self, k: int) -> None:
-    proc = self._procs[k]
-    while True:
-      try:
-        seq, ok, payload = pickle.load(proc.stdout)
-      except (EOFError, OSError, pickle.UnpicklingError):
-        with self._lock:
-          self._fail(k)
-        return
-      with self._lock:
-        future = self._pending[k].pop(seq, None)
-      if future is not None:
-        future.set_result(payload) if ok else future.set_exception(DataError(payload))
-
-  def _fail(self, k: int) -> None:
-    """Worker k is gone: everything it owed fails with one line (called with the lock held)."""
-    proc = self._procs[k]
-    try:
-      code = proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-      code = None
-    for future in self._pending[k].values():
-      if not future.done():
-        future.set_exception(DataError(f"store batch worker (pid {proc.pid}) exited with code {code}; "
-                                       "its output is above; set data.store_workers=0 to build batches "
-                                       "in the training process"))
-    self._pending[k].clear()
 
   def close(self) -> None:
     self._finalizer()
+
+
+def _replies(proc, pending: dict, lock) -> None:
+  """A worker's replies -> its futures; when it is gone, what it owed fails."""
+  while True:
+    try:
+      seq, ok, payload = pickle.load(proc.stdout)
+    except (EOFError, OSError, pickle.UnpicklingError):
+      with lock:
+        _fail(proc, pending)
+      return
+    with lock:
+      future = pending.pop(seq, None)
+    if future is not None and not future.done():
+      future.set_result(payload) if ok else future.set_exception(DataError(payload))
+
+
+def _fail(proc, pending: dict) -> None:
+  """Fail every future a dead worker owed, in one line (called with the lock held)."""
+  if not pending:
+    return
+  try:
+    code = proc.wait(timeout=5)
+  except subprocess.TimeoutExpired:
+    code = None
+  for future in pending.values():
+    if not future.done():
+      future.set_exception(DataError(f"store batch worker (pid {proc.pid}) exited with code {code}; "
+                                     "its output is above; set data.store_workers=0 to build batches "
+                                     "in the training process"))
+  pending.clear()
 
 
 def _stop(procs) -> None:

@@ -287,11 +287,7 @@ class StorePipeline:
     A pure function of `first` (worker processes build batches ahead, see _Ahead); the counts are
     added as each batch is handed out.
     """
-    src, packed = self._locate(first + np.arange(self.batch_size, dtype=np.int64))
-    return self._assemble(src, packed)
-
-  def _assemble(self, src: np.ndarray, packed: np.ndarray) -> tuple:
-    return self._assembler(src, packed)
+    return self._assembler(*self._locate(first + np.arange(self.batch_size, dtype=np.int64)))
 
   def _make_assembler(self):
     parts = [store_batch.Part(s.store, s.name, s.split, s.index) for s in self.streams]
@@ -407,6 +403,4 @@ class _Ahead:
     return self._queue.popleft()[1].result()
 
   def drop(self) -> None:
-    for _, future in self._queue:
-      future.cancel()
-    self._queue.clear()
+    self._queue.clear()   # what was sent is built anyway, and its result thrown away
