@@ -17,6 +17,7 @@ The held-out split is decided here by the same stable hash as the streaming path
 the same documents on both paths.
 """
 import dataclasses
+import itertools
 import json
 import logging
 import multiprocessing
@@ -124,7 +125,7 @@ class _Encoder:
     return out
 
   def record_of(self, parts: list):
-    toks = np.fromiter((t for p in parts for t in p), np.int64)
+    toks = np.fromiter(itertools.chain.from_iterable(parts), np.int64)
     if toks.size == 0:
       return None
     ws = self.table[toks]
