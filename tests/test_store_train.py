@@ -1,6 +1,6 @@
 """The training binary on a token store (`store:DIR`): a checkpoint written by 2 processes x 4 devices
-continues on 1 process x 8 devices with the same global batches, hence the same losses (1e-5), and
-the store's tokenizer is used when data.tokenizer is empty."""
+continues on 1 process x 8 devices (its batches built by 2 worker processes) with the same global
+batches, hence the same losses (1e-5), and the store's tokenizer is used when data.tokenizer is empty."""
 import json
 import shutil
 
@@ -40,9 +40,10 @@ def test_store_checkpoint_of_two_processes_continues_on_one(tmp_path, store_data
   one.mkdir()
   shutil.copytree(two / "checkpoints" / str(mid), one / "checkpoints" / str(mid))
   p = _single(one, store_data, "--config.mesh.data=4", "--config.mesh.fsdp=2", f"--config.train.save_every={STEPS // 2}",
-              steps=STEPS)
+              "--config.data.store_workers=2", steps=STEPS)   # batches built by worker processes here
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming from step {mid}" in p.stderr
+  assert json.loads((one / "config.json").read_text())["data"]["store_workers"] == 2
   resumed = _losses(one)
   for s in range(mid + 1, STEPS + 1):
     assert abs(resumed[s] - losses[s]) <= 1e-5, (s, resumed[s], losses[s])
