@@ -16,6 +16,9 @@ rows [b*G + p*G/P, b*G + (p+1)*G/P). The state is the number of global rows cons
 fingerprints, so resuming costs the same at any step, on any process count, and under another
 global batch size. The eval split reads each source's held-out documents once, in order.
 
+This module decides which rows make a batch; store_batch.py writes them into arrays, here or in
+`data.store_workers` worker processes that build the next `data.prefetch` batches ahead.
+
 Curricula (`data.mix_alpha_schedule`, `data.source_start_steps`, see mlm_jax/schedules.py) split
 the row stream into phases at step boundaries (rows = step x global batch); each phase has its own
 fixed quota pattern, and a source's position at a phase start is the sum of what earlier phases
@@ -114,8 +117,8 @@ class _Stream:
   def packed_rows(self, k: np.ndarray) -> np.ndarray:
     """Source rows k (any epoch) -> packed row ids (stateless per-epoch permutation).
 
-    The permutation is evaluated PERMUTE_BLOCK rows at a time and the last block kept: a batch's
-    rows of a source are near each other, and one TensorFlow op call costs ~0.5 ms however few rows it
+    The permutation is evaluated PERMUTE_BLOCK rows at a time and the last block kept: a batch's rows
+    of a source are near each other, and one TensorFlow op call costs ~0.5 ms however few rows it
     permutes (most of a batch's assembly time before this cache).
     """
     if self.split == "eval":
