@@ -158,7 +158,15 @@ def single_device(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
 
 
-def restore_params(workdir: str, abstract_params: Any, step: int | None = None, subtree: str = "") -> tuple[Any, int]:
+# What an objective adds on top of an encoder (NSP / SOP: the pooler and the two-way sentence head),
+# and the model fields that add them. Continuing from a source without them (an MLM run, a
+# BertForMaskedLM import) starts them fresh.
+OBJECTIVE_PARAMS = ("pooler_kernel", "pooler_bias", "sentence_kernel", "sentence_bias")
+OBJECTIVE_FIELDS = ("use_pooler", "sentence_head")
+
+
+def restore_params(workdir: str, abstract_params: Any, step: int | None = None, subtree: str = "",
+                   optional: tuple = ()) -> tuple[Any, int]:
   """(parameters, step) from WORKDIR/checkpoints: a training workdir or a `from_hf` output folder.
 
   Only the `params` subtree is placed as `abstract_params` says (ShapeDtypeStructs; with shardings
@@ -166,6 +174,7 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   rest of the state (optimizer moments, counters) comes along onto one device: orbax restores whole
   items, and it is a few times the parameters at most. `subtree` names a part of `params` to restore
   as `abstract_params` (ELECTRA's `discriminator`); the rest of `params` then comes along too.
+  `optional`: top-level parameters the checkpoint may lack; they are then absent from the result.
   """
   directory = os.path.join(workdir if "://" in workdir else os.path.abspath(workdir), "checkpoints")
   if "://" not in directory and not os.path.isdir(directory):
@@ -180,6 +189,9 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
     if step not in steps:
       raise CheckpointError(f"{directory}: no checkpoint for step {step} (have {', '.join(map(str, sorted(steps)))})")
     meta = manager.item_metadata(step)["state"]
+    absent = [k for k in optional if k in abstract_params and k not in meta["params"]]
+    if absent:
+      abstract_params = _without(abstract_params, absent)
     placed = {subtree: abstract_params} if subtree else abstract_params
     check_shapes(meta, {"params": placed}, f"{directory}/{step}",
                  hint="does config.json describe the model that wrote it?")
@@ -195,22 +207,45 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   return (params[subtree] if subtree else params), step
 
 
-def restore_params_for(workdir: str, model_cfg: ml_collections.ConfigDict, abstract_params: Any) -> Any:
+def restore_params_for(workdir: str, model_cfg: ml_collections.ConfigDict, abstract_params: Any,
+                       fresh: Any = None) -> Any:
   """`init_from`: the latest parameters of WORKDIR for the model `model_cfg` builds, placed as
-  `abstract_params`; a source trained with the other `model.scan_layers` is restacked (scan_layout)."""
+  `abstract_params`; a source trained with the other `model.scan_layers` is restacked (scan_layout).
+  With `fresh` (the freshly initialized parameters), OBJECTIVE_PARAMS the source lacks are taken from
+  it, and the log says so."""
   from mlm_jax import scan_layout
   source_config = read_config(workdir)
   source, subtree = source_config.model, ""
   if source_config.get("objective", "mlm") == "electra":   # the discriminator (model_cfg has no MLM head)
     source, subtree = ml_collections.ConfigDict(source.to_dict()), "discriminator"
     source.mlm_head = False
+  optional = OBJECTIVE_PARAMS if fresh is not None else ()
   if bool(source.get("scan_layers", False)) == bool(model_cfg.get("scan_layers", False)):
-    return restore_params(workdir, abstract_params, subtree=subtree)[0]
-  _, params, _ = restore_model(workdir, source, subtree=subtree)
-  host = (scan_layout.scan_params(params, model_cfg) if model_cfg.scan_layers else
-          scan_layout.unscan_params(params, source))
-  check_shapes(host, abstract_params, f"{workdir} (restacked)")
-  return jax.tree.map(lambda x, a: jax.device_put(x, a.sharding), host, abstract_params)
+    params = restore_params(workdir, abstract_params, subtree=subtree, optional=optional)[0]
+  else:
+    _, params, _ = restore_model(workdir, source, subtree=subtree)
+    shape = ml_collections.ConfigDict(model_cfg.to_dict())
+    if optional:   # restack what the source has
+      shape.update({k: source.get(k, False) for k in OBJECTIVE_FIELDS})
+    host = (scan_layout.scan_params(params, shape) if model_cfg.scan_layers else
+            scan_layout.unscan_params(params, source))
+    check_shapes(host, _without(abstract_params, [k for k in optional if k in abstract_params and k not in host]),
+                 f"{workdir} (restacked)")
+    sharding = {path_name(p): a.sharding for p, a in jax.tree_util.tree_leaves_with_path(abstract_params)}
+    params = jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, sharding[path_name(p)]), host)
+  missing = [k for k in abstract_params if k not in params]
+  if not missing:
+    return params
+  logging.info("init_from %s has no %s: initialized fresh", workdir, ", ".join(missing))
+  have = {path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+  new = {path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(fresh)}
+  return jax.tree_util.tree_map_with_path(lambda p, _: have.get(path_name(p), new[path_name(p)]), abstract_params)
+
+
+def _without(params: Any, names: list) -> Any:
+  """The top level of `params` without `names` (the container types below may change: callers map
+  the result back onto their own tree by path)."""
+  return type(params)({k: v for k, v in params.items() if k not in names}) if names else params
 
 
 def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None, subtree: str = ""):

@@ -159,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
     state = trainer.init()
     if config.init_from:
       abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
-      params = ckpt_lib.restore_params_for(config.init_from, config.model, abstract.params)
+      params = ckpt_lib.restore_params_for(config.init_from, config.model, abstract.params, fresh=state.params)
       state = state.replace(params=params)
       logging.info("initialized parameters from %s", config.init_from)
     return state

@@ -13,6 +13,7 @@ import os
 import pathlib
 import pickle
 
+import jax
 import numpy as np
 import pytest
 
@@ -178,6 +179,22 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   params, _ = checkpoint.restore_params(str(out), checkpoint.single_device(abstract))
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()
   np.testing.assert_array_equal(np.asarray(params["word_embeddings"][...]), ref)
+  # NSP / SOP on top of a source without a pooler and sentence head (a *ForMaskedLM): those start fresh
+  nsp = config.model.copy_and_resolve_references()
+  nsp.use_pooler = nsp.sentence_head = True
+  _, abstract = step.abstract_model(nsp)
+  abstract = checkpoint.single_device(abstract)
+  with pytest.raises(checkpoint.CheckpointError, match="has no array params.pooler_bias"):
+    checkpoint.restore_params_for(str(out), nsp, abstract)
+  for scan in (False, True):   # True: the source's layers are restacked on the way in
+    nsp.scan_layers = scan
+    _, abstract = step.abstract_model(nsp)
+    abstract = checkpoint.single_device(abstract)
+    fresh = jax.tree.map(lambda a: np.full(a.shape, 0.5, a.dtype), abstract)
+    got = checkpoint.restore_params_for(str(out), nsp, abstract, fresh=fresh)
+    assert jax.tree.structure(got) == jax.tree.structure(abstract)
+    np.testing.assert_array_equal(np.asarray(got["word_embeddings"][...]), ref)
+    assert all((np.asarray(got[k][...]) == 0.5).all() for k in checkpoint.OBJECTIVE_PARAMS)
 
   # --config.init_from is all it takes: the demo config's model is replaced by the source's, silently;
   # a run-time field stays the user's; a command-line model flag that contradicts the source is refused.
