@@ -92,6 +92,34 @@ def _padded_batch(arch, pad_id):
   return ids, mask, types
 
 
+def test_bert_for_pretraining_keeps_its_nsp_head(tmp_path, spm):
+  """A BertForPreTraining folder (bert-base-uncased's kind) imports with its pooler and NSP head:
+  our NSP and MLM logits equal transformers', and to_hf writes the same tensors back."""
+  torch.manual_seed(0)
+  model = transformers.BertForPreTraining(transformers.BertConfig(
+      vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+      max_position_embeddings=40, type_vocab_size=2, pad_token_id=0)).eval()
+  src = _save_hf(model, tmp_path / "hf", spm["bert"])
+  cio.from_hf(str(src), str(tmp_path / "ours"))
+  lm = inference.from_workdir(str(tmp_path / "ours"))
+  assert lm.model_config.sentence_head and lm.model_config.use_pooler
+  ids, mask, types = _padded_batch("bert", 0)
+  with torch.no_grad():
+    ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types))
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+  hidden = lm.model(jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions, jnp.int32),
+                    jnp.asarray(types, jnp.int32))
+  np.testing.assert_allclose(np.asarray(lm.model.sentence_logits(hidden)), ref.seq_relationship_logits.numpy(),
+                             atol=1e-4, rtol=0)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(lm.model.mlm_logits(hidden))[real], ref.prediction_logits.numpy()[real],
+                             atol=1e-4, rtol=0)
+  cio.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"), arch="bert")
+  back = load_file(str(tmp_path / "back" / "model.safetensors"))
+  for name in ("cls.seq_relationship.weight", "cls.seq_relationship.bias", "bert.pooler.dense.weight"):
+    np.testing.assert_array_equal(back[name], model.state_dict()[name].numpy(), err_msg=name)
+
+
 @pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])
 def test_hf_to_ours_to_hf_folders(tmp_path, spm, arch):
   model = _hf_model(arch)

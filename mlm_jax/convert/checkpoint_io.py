@@ -258,6 +258,8 @@ def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str)
   # heads use it as BERT does). *ForMaskedLM checkpoints have none.
   if f"{'bert' if arch == 'bert' else 'roberta'}.pooler.dense.weight" in sd:
     mcfg.use_pooler = True
+    # BertForPreTraining's NSP head (bert-base-uncased's checkpoint has it): kept for mlm+nsp runs
+    mcfg.sentence_head = arch == "bert" and "cls.seq_relationship.weight" in sd
   fresh_head = _add_fresh_head(sd, mcfg, arch)
   graphdef, abstract = step_lib.abstract_model(mcfg)
   try:
