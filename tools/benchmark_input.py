@@ -109,16 +109,22 @@ def _bench_store(args, cfg):
   return out
 
 
-def _bench_prepare(args, cfg, tok):
-  """tools/prepare_data.py's work on the benchmark input with 1 and --prepare_workers workers (the
-  whole run: reading, tokenizing, hashing the held-out split, writing shards), beside
-  sentencepiece's own encode of the same documents already in memory."""
-  from mlm_jax.data import prepare
+def _documents(cfg) -> list:
+  """The benchmark input's documents as strings, in memory (what the peers are given)."""
   from mlm_jax.data import sources
   docs = []
   for src in sources.parse_sources(cfg.sources):
     ds = src.documents(doc_format=cfg.doc_format)
     docs += [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+  return docs
+
+
+def _bench_prepare(args, cfg, tok):
+  """tools/prepare_data.py's work on the benchmark input with 1 and --prepare_workers workers (the
+  whole run: reading, tokenizing, hashing the held-out split, writing shards), beside
+  sentencepiece's own encode of the same documents already in memory."""
+  from mlm_jax.data import prepare
+  docs = _documents(cfg)
   out = {}
   if tok.family == "sentencepiece":
     for threads in (1, os.cpu_count() or 1):
@@ -148,13 +154,9 @@ def _bench_peer(args, cfg, tok):
   import transformers
   from tokenizers import Tokenizer as HFTokenizer
   from tokenizers.models import WordLevel
-  from mlm_jax.data import sources
   transformers.logging.set_verbosity_error()
 
-  docs = []
-  for src in sources.parse_sources(cfg.sources):
-    ds = src.documents(doc_format=cfg.doc_format)
-    docs += [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+  docs = _documents(cfg)
   vocab = {tok.id_to_piece(i): i for i in range(tok.vocab_size)}
   names = dict(pad_token=tok.id_to_piece(tok.pad_id), unk_token=tok.id_to_piece(tok.unk_id),
                cls_token=tok.id_to_piece(tok.bos_id), sep_token=tok.id_to_piece(tok.eos_id),

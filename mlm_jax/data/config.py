@@ -57,7 +57,8 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.num_parallel_reads = 4       # files read at once (deterministic interleave)
   d.threads = 0                  # tf.data private thread pool size; 0 = TF's shared pool
   d.prefetch = 4                 # ready batches buffered ahead of the training step
-  # Token stores: processes building training batches (0 = a thread of the training process).
-  # Batches do not depend on it; tools/benchmark.py input --store measures what it gains.
+  # Token stores: processes building training batches ahead (0 = each batch is built in the
+  # training process when asked). Batches do not depend on it; tools/benchmark.py input --store
+  # measures what it gains.
   d.store_workers = 0
   return d

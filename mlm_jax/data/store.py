@@ -71,6 +71,11 @@ def encode_doc(ids: np.ndarray, word_starts: np.ndarray, line_ends: np.ndarray,
                    np.asarray(line_ends, _HEADER).tobytes()))
 
 
+def record_size(n, m, width):
+  """Bytes of a record of n tokens and m lines (numbers or numpy arrays)."""
+  return 16 + n * width + (n + 7) // 8 + 4 * m
+
+
 @dataclasses.dataclass
 class Doc:
   ids: np.ndarray          # uint16 or uint32 [n]
@@ -81,8 +86,7 @@ class Doc:
 def decode_doc(record: bytes, where: str) -> Doc:
   """Read-only views into `record` (no copies: the batch assembly casts as it writes)."""
   magic, n, m, width = _HEADER_STRUCT.unpack_from(record) if len(record) >= 16 else (0, 0, 0, 0)
-  expected = 16 + n * width + (n + 7) // 8 + 4 * m
-  if magic != MAGIC or width not in (2, 4) or len(record) != expected:
+  if magic != MAGIC or width not in (2, 4) or len(record) != record_size(n, m, width):
     raise DataError(f"corrupt record in {where}: bad header {[magic, n, m, width]} for "
                     f"{len(record)} bytes (expected magic {MAGIC:#x})")
   ids = np.frombuffer(record, _ID_DTYPES[width], n, 16)
@@ -126,7 +130,7 @@ def join_records(records: list, where: list) -> Joined:
   head = buf[np.minimum(at[:, None] + np.arange(16), buf.size - 1)].view(_HEADER)
   magic, n, m, width = (head[:, i].astype(np.int64) for i in range(4))
   ok = (magic == MAGIC) & ((width == 2) | (width == 4)) & (size >= 16)
-  ok &= size == 16 + n * width + (n + 7) // 8 + 4 * m
+  ok &= size == record_size(n, m, width)
   ok &= width == width[0]
   if not ok.all():
     i = int(np.argmin(ok))

@@ -29,7 +29,8 @@ from mlm_jax.data import store_index
 from mlm_jax.errors import DataError
 
 FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
-Part = collections.namedtuple("Part", "store name split index")   # what Assembler needs of a stream
+# What Assembler needs of a stream (index_dir: where `index` is memory-mapped from, for workers)
+Part = collections.namedtuple("Part", "store name split index index_dir")
 
 
 class Assembler:
@@ -38,6 +39,12 @@ class Assembler:
   def __init__(self, parts, seq_len: int, packing: str, pad_id: int, bos_id: int, eos_id: int):
     self.parts, self.seq_len, self.packing = parts, seq_len, packing
     self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+
+  def spec(self) -> dict:
+    """What a worker needs to build the same Assembler (assembler_from_spec): paths, not arrays."""
+    return dict(parts=[(p.store.root, p.name, p.split, p.index_dir) for p in self.parts],
+                args=dict(seq_len=self.seq_len, packing=self.packing, pad_id=self.pad_id, bos_id=self.bos_id,
+                          eos_id=self.eos_id))
 
   def __call__(self, src: np.ndarray, packed: np.ndarray) -> tuple:
     n, s = len(src), self.seq_len
@@ -99,7 +106,7 @@ def assembler_from_spec(spec: dict) -> Assembler:
   stores, parts = {}, []
   for root, name, split, index_dir in spec["parts"]:
     store = stores.get(root) or stores.setdefault(root, store_lib.Store(root))
-    parts.append(Part(store, name, split, store_index.load(index_dir)))
+    parts.append(Part(store, name, split, store_index.load(index_dir), index_dir))
   return Assembler(parts, **spec["args"])
 
 

@@ -284,26 +284,24 @@ class StorePipeline:
     return src, k
 
   # -- rows -> batch -----------------------------------------------------------------------
-  def _build(self, first: int) -> tuple:
-    """(host batch whose first global row is `first`, the counts it adds to the stats).
+  def _plan(self, first: int):
+    """(stream, packed row) of each row of the host batch whose first global row is `first`."""
+    return self._locate(first + np.arange(self.batch_size, dtype=np.int64))
 
-    A pure function of `first` (worker processes build batches ahead, see _Ahead); the counts are
-    added as each batch is handed out.
-    """
-    return self._assembler(*self._locate(first + np.arange(self.batch_size, dtype=np.int64)))
+  def _build(self, first: int) -> tuple:
+    """(that batch, the counts it adds to the stats): a pure function of `first` (worker processes
+    build batches ahead, see _Ahead); the counts are added as each batch is handed out."""
+    return self._assembler(*self._plan(first))
 
   def _make_assembler(self):
-    parts = [store_batch.Part(s.store, s.name, s.split, s.index) for s in self.streams]
+    parts = [store_batch.Part(s.store, s.name, s.split, s.index, s.index_dir) for s in self.streams]
     return store_batch.Assembler(parts, self.seq_len, self.packing, self.pad_id, self.bos_id, self.eos_id)
 
   def _submit(self, first: int) -> concurrent.futures.Future:
     """Start building the batch at `first` in a worker process (which rows: decided here)."""
     if self._workers is None:
-      spec = dict(parts=[(s.store.root, s.name, s.split, s.index_dir) for s in self.streams],
-                  args=dict(seq_len=self.seq_len, packing=self.packing, pad_id=self.pad_id,
-                            bos_id=self.bos_id, eos_id=self.eos_id))
-      self._workers = store_batch.Workers(spec, self._num_workers)
-    return self._workers.submit(*self._locate(first + np.arange(self.batch_size, dtype=np.int64)))
+      self._workers = store_batch.Workers(self._assembler.spec(), self._num_workers)
+    return self._workers.submit(*self._plan(first))
 
   def _count(self, tally: dict) -> None:
     self._tokens += tally["tokens"]
