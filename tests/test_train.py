@@ -90,15 +90,50 @@ def electra_run(tmp_path_factory, corpus_and_tokenizer):
   return wd
 
 
-@pytest.mark.parametrize("objective", ["mlm", "electra"])
+@pytest.fixture(scope="module")
+def docs_store(corpus_and_tokenizer, tmp_path_factory):
+  """The demo corpus prepared into a token store with the session's tokenizer."""
+  from mlm_jax.data import prepare
+  corpus, spm = corpus_and_tokenizer
+  root = str(tmp_path_factory.mktemp("kill_store") / "store")
+  prepare.prepare(prepare.Options(sources=(f"docs={corpus}",), tokenizer=spm, eval_percent=5.0), root,
+                  progress_s=1e9, log=lambda s: None)
+  return root
+
+
+def _store_workers() -> list:
+  """Pids of running store batch workers (python -m mlm_jax.data.store_batch)."""
+  out = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"mlm_jax.data.store_batch" in f.read():
+          out.append(int(pid))
+    except OSError:
+      pass
+  return out
+
+
+@pytest.mark.parametrize("objective", ["mlm", "electra", "store"])
 def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, objective):
+  """kill -9 mid-run, then the same command: the losses of an uninterrupted run. 'store': MLM from a
+  token store whose batches 2 worker processes build; they end with the killed trainer."""
   n = 6
-  extra = ELECTRA if objective == "electra" else ()
+  extra = ELECTRA if objective == "electra" else ("--config.data.store_workers=2",) if objective == "store" else ()
+
+  def cmd(workdir, *more):
+    out = _cmd(workdir, corpus_and_tokenizer, *extra, *more, steps=2 * n)
+    if objective == "store":   # a tuple flag given twice is appended to: replace the text source
+      store = request.getfixturevalue("docs_store")
+      out = [f"--config.data.sources=('store:{store}',)" if a.startswith("--config.data.sources=") else a
+             for a in out]
+    return out
+
   if objective == "electra":
     straight = request.getfixturevalue("electra_run")
   else:
     straight = tmp_path / "straight"
-    p = _run(_cmd(straight, corpus_and_tokenizer, f"--config.train.save_every={n}", steps=2 * n))
+    p = _run(cmd(straight, f"--config.train.save_every={n}"))
     assert p.returncode == 0, p.stderr[-3000:]
   ref = _losses(straight)
   assert sorted(ref) == list(range(1, 2 * n + 1))
@@ -106,9 +141,9 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   # Same command; kill -9 once checkpoint n is committed and training has gone past it.
   # Evaluating every step slows the steps down so the kill lands mid-run.
   killed = tmp_path / "killed"
-  cmd = _cmd(killed, corpus_and_tokenizer, *extra, f"--config.train.save_every={n}",
-             "--config.train.eval_every=1", "--config.train.eval_batches=8", steps=2 * n)
-  proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  killed_cmd = cmd(killed, f"--config.train.save_every={n}", "--config.train.eval_every=1",
+                   "--config.train.eval_batches=8")
+  proc = subprocess.Popen(killed_cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
     if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
@@ -118,8 +153,12 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   proc.wait()
   assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
   assert max(_losses(killed)) < 2 * n
+  deadline = time.time() + 20
+  while _store_workers() and time.time() < deadline:   # a worker ends when its stdin closes
+    time.sleep(0.1)
+  assert not _store_workers()
 
-  p = _run(cmd)
+  p = _run(killed_cmd)
   assert p.returncode == 0, p.stderr[-3000:]
   got = _losses(killed)
   assert sorted(got) == list(range(1, 2 * n + 1))
