@@ -269,5 +269,11 @@ def test_prepare_rerun_resume_and_workers(shared_data, tok, store, tmp_path):
   two = str(tmp_path / "two")
   prepare.prepare(_opts(shared_data, tok), two, num_workers=2, progress_s=1e9, log=lambda s: None)
   assert {k: v[0] for k, v in _files(two).items()} == {k: v[0] for k, v in before.items()}
+  tasks = str(tmp_path / "tasks")   # two machines' tasks: task 1 returns, task 0 writes the manifest
+  assert prepare.prepare(_opts(shared_data, tok), tasks, task_index=1, num_tasks=2, progress_s=1e9,
+                         log=lambda s: None) is None
+  assert not os.path.exists(os.path.join(tasks, "manifest.json"))
+  prepare.prepare(_opts(shared_data, tok), tasks, task_index=0, num_tasks=2, progress_s=1e9, log=lambda s: None)
+  assert {k: v[0] for k, v in _files(tasks).items()} == {k: v[0] for k, v in before.items()}
   with pytest.raises(DataError, match="prepared with other options"):
     prepare.prepare(_opts(shared_data, tok, doc_format="blank_line"), two, log=lambda s: None)
