@@ -35,8 +35,6 @@ from mlm_jax.errors import UserError
 
 GIB = 2**30
 
-BATCH_KEYS = ("input_ids", "segment_ids", "positions", "word_starts")
-
 
 class AotError(UserError):
   """A config or topology problem the user can fix; the tools print it as one line."""
@@ -83,15 +81,13 @@ def abstract_inputs(trainer, config: ml_collections.ConfigDict):
   """(state, batch, key) as ShapeDtypeStructs with the trainer's shardings; nothing is allocated."""
   import jax
   import jax.numpy as jnp
-  from mlm_jax import choices, sharding
+  from mlm_jax import sharding
   state = jax.eval_shape(trainer.init)
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        state, trainer.state_sharding)
-  shape = (config.train.batch_size, config.data.seq_len)
-  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding) for k in BATCH_KEYS}
-  if config.get("objective", "mlm") in choices.SENTENCE_OBJECTIVES:   # NSP / SOP rows (mlm_jax/data/sentence_pairs.py)
-    batch["token_type_ids"] = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=trainer.batch_sharding)
-    batch["sentence_labels"] = jax.ShapeDtypeStruct(shape[:1], jnp.int32, sharding=trainer.batch_sharding)
+  features = trainer.objective.batch_features(config.data.seq_len)   # NSP / SOP rows add two
+  batch = {k: jax.ShapeDtypeStruct((config.train.batch_size, *shape), jnp.int32, sharding=trainer.batch_sharding)
+           for k, shape in features.items()}
   key = jax.eval_shape(lambda: jax.random.key(0))
   key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(trainer.mesh))
   return state, batch, key

@@ -34,19 +34,10 @@ from mlm_jax.errors import ConfigError
 
 IMPLS = choices.CHOICES["model.attention_impl"]
 SPLASH_BLOCKS = (512, 256, 128)   # the largest that divides the sequence is used
-# Fields added with these options; config.json files of older runs lack them and mean these values.
+# Fields added with these options; config.json files of older runs lack them and mean these values
+# (workdir.migrate fills them in).
 NEW_FIELDS = dict(attention_impl="auto", global_attention_every=0, local_window=128, rope_theta_local=10000.0,
                   scan_layers=False)
-
-
-def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`cfg` itself when it has every field of NEW_FIELDS, else a copy with the missing ones filled."""
-  missing = {k: v for k, v in NEW_FIELDS.items() if k not in cfg}
-  if not missing:
-    return cfg
-  out = ml_collections.ConfigDict(cfg.to_dict())
-  out.update(missing)
-  return out
 
 
 def is_global(cfg: ml_collections.ConfigDict, layer: int) -> bool:
@@ -66,7 +57,6 @@ def group_size(cfg: ml_collections.ConfigDict) -> int:
 
 def validate_model_config(cfg: ml_collections.ConfigDict) -> None:
   """One-line errors, naming the field, for the attention / scan fields of `config.model`."""
-  cfg = with_defaults(cfg)
   choices.check("model.attention_impl", cfg.attention_impl)
   if int(cfg.global_attention_every) < 0:
     raise ConfigError(f"model.global_attention_every={cfg.global_attention_every}: expected >= 0 (0 = all global)")
@@ -113,7 +103,6 @@ def resolve_impl(cfg: ml_collections.ConfigDict, platform: str, seq_len: int,
   An explicit splash / cudnn that cannot serve the config raises a one-line ValueError; `auto`
   falls back to xla and says why, for the log.
   """
-  cfg = with_defaults(cfg)
   validate_model_config(cfg)
   requested = cfg.attention_impl or "auto"
   problem = {"splash": lambda: _splash_problem(cfg, platform, seq_len),

@@ -9,29 +9,20 @@ Before restoring, every array's shape in the checkpoint is compared with what th
 so a checkpoint of another model fails with one line naming the parameter, not an orbax traceback,
 and nothing on disk is touched.
 
-This module is also the one reader of workdirs (config.json, the run's tokenizer) and of
-parameters alone (`restore_params`: for init_from, conversion, inference, on any device layout);
-`convert/` imports it, never the reverse.
+`restore_params` reads parameters alone (for init_from, conversion, inference, on any device
+layout). What a workdir holds besides checkpoints (config.json, tokenizer) is read by workdir.py.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 
 from mlm_jax.errors import CheckpointError
-
-
-def path_name(path) -> str:
-  """A pytree path as a dotted name (params.layers.0.attn.q_kernel), as the errors and converters name
-  arrays; nnx's `value` level inside a Variable is left out."""
-  keys = (getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
-  return ".".join(str(k) for k in keys if k != "value")
+from mlm_jax.tree_paths import path_name
 
 
 def _handlers() -> dict:
@@ -115,54 +106,10 @@ def all_finite(tree: Any) -> bool:
   return bool(jax.device_get(_all_finite(tree)))
 
 
-def read_config(workdir: str) -> ml_collections.ConfigDict:
-  """WORKDIR/config.json (written by the training binaries or by `from_hf`) as a ConfigDict."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isdir(workdir):
-    raise CheckpointError(f"workdir {workdir}: no such directory")
-  if not os.path.exists(path):
-    raise CheckpointError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
-  with open(path, encoding="utf-8") as f:
-    try:
-      config = ml_collections.ConfigDict(json.load(f))
-    except json.JSONDecodeError as e:
-      raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-  if "model" in config and config.model.get("attention_impl") in ("splash", "cudnn"):
-    # Resolved for the accelerator that trained it; a model built from it here (inference, conversion,
-    # fine-tuning) picks the implementation of this host's platform again.
-    config.model.attention_impl = "auto"
-  return config
-
-
-def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
-  """The run's tokenizer: `data.tokenizer`, or the sentencepiece model the run trained into WORKDIR/tokenizer."""
-  path = config.data.tokenizer if "data" in config and config.data.get("tokenizer") else ""
-  return path or os.path.join(workdir, "tokenizer", "spm.model")
-
-
-def load_tokenizer(path: str, vocab_size: int | None = None):
-  """The tokenizer at `path`, checked against the model's vocabulary size."""
-  from mlm_jax.data import tokenizer as tok_lib
-  if "://" not in path and not os.path.exists(path):
-    raise CheckpointError(f"tokenizer {path}: missing")
-  tok = tok_lib.load(path)
-  if vocab_size is not None and tok.vocab_size != vocab_size:
-    raise CheckpointError(f"vocab size mismatch: the model has vocab_size={vocab_size} but the tokenizer "
-                          f"{path} has {tok.vocab_size} pieces")
-  return tok
-
-
 def single_device(tree: Any) -> Any:
   """ShapeDtypeStructs of `tree` on the first local device: restores whatever mesh wrote them."""
   dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), tree)
-
-
-# What an objective adds on top of an encoder (NSP / SOP: the pooler and the two-way sentence head),
-# and the model fields that add them. Continuing from a source without them (an MLM run, a
-# BertForMaskedLM import) starts them fresh.
-OBJECTIVE_PARAMS = ("pooler_kernel", "pooler_bias", "sentence_kernel", "sentence_bias")
-OBJECTIVE_FIELDS = ("use_pooler", "sentence_head")
 
 
 def restore_params(workdir: str, abstract_params: Any, step: int | None = None, subtree: str = "",
@@ -191,7 +138,7 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
     meta = manager.item_metadata(step)["state"]
     absent = [k for k in optional if k in abstract_params and k not in meta["params"]]
     if absent:
-      abstract_params = _without(abstract_params, absent)
+      abstract_params = without_keys(abstract_params, absent)
     placed = {subtree: abstract_params} if subtree else abstract_params
     check_shapes(meta, {"params": placed}, f"{directory}/{step}",
                  hint="does config.json describe the model that wrote it?")
@@ -207,50 +154,7 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   return (params[subtree] if subtree else params), step
 
 
-def restore_params_for(workdir: str, model_cfg: ml_collections.ConfigDict, abstract_params: Any,
-                       fresh: Any = None) -> Any:
-  """`init_from`: the latest parameters of WORKDIR for the model `model_cfg` builds, placed as
-  `abstract_params`; a source trained with the other `model.scan_layers` is restacked (scan_layout).
-  With `fresh` (the freshly initialized parameters), OBJECTIVE_PARAMS the source lacks are taken from
-  it, and the log says so."""
-  from mlm_jax import scan_layout
-  source_config = read_config(workdir)
-  source, subtree = source_config.model, ""
-  if source_config.get("objective", "mlm") == "electra":   # the discriminator (model_cfg has no MLM head)
-    source, subtree = ml_collections.ConfigDict(source.to_dict()), "discriminator"
-    source.mlm_head = False
-  optional = OBJECTIVE_PARAMS if fresh is not None else ()
-  if bool(source.get("scan_layers", False)) == bool(model_cfg.get("scan_layers", False)):
-    params = restore_params(workdir, abstract_params, subtree=subtree, optional=optional)[0]
-  else:
-    _, params, _ = restore_model(workdir, source, subtree=subtree)
-    shape = ml_collections.ConfigDict(model_cfg.to_dict())
-    if optional:   # restack what the source has
-      shape.update({k: source.get(k, False) for k in OBJECTIVE_FIELDS})
-    host = (scan_layout.scan_params(params, shape) if model_cfg.scan_layers else
-            scan_layout.unscan_params(params, source))
-    check_shapes(host, _without(abstract_params, [k for k in optional if k in abstract_params and k not in host]),
-                 f"{workdir} (restacked)")
-    sharding = {path_name(p): a.sharding for p, a in jax.tree_util.tree_leaves_with_path(abstract_params)}
-    params = jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, sharding[path_name(p)]), host)
-  missing = [k for k in abstract_params if k not in params]
-  if not missing:
-    return params
-  logging.info("init_from %s has no %s: initialized fresh", workdir, ", ".join(missing))
-  have = {path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
-  new = {path_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(fresh)}
-  return jax.tree_util.tree_map_with_path(lambda p, _: have.get(path_name(p), new[path_name(p)]), abstract_params)
-
-
-def _without(params: Any, names: list) -> Any:
+def without_keys(params: Any, names: list) -> Any:
   """The top level of `params` without `names` (the container types below may change: callers map
   the result back onto their own tree by path)."""
   return type(params)({k: v for k, v in params.items() if k not in names}) if names else params
-
-
-def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None, subtree: str = ""):
-  """(graphdef, parameters on one device, step) of the encoder `model_cfg` describes, from WORKDIR."""
-  from mlm_jax import step as step_lib
-  graphdef, abstract = step_lib.abstract_model(model_cfg)
-  params, step = restore_params(workdir, single_device(abstract), step, subtree=subtree)
-  return graphdef, params, step

@@ -7,9 +7,7 @@ so an unknown value is always the same one-line ConfigError: the key, the value,
 from __future__ import annotations
 
 from mlm_jax.errors import ConfigError
-
-# Objectives that train on sentence pairs (mlm_jax/data/sentence_pairs.py) with a sentence head.
-SENTENCE_OBJECTIVES = ("mlm+nsp", "mlm+sop")
+from mlm_jax.objectives import registry
 
 CHOICES = {
     "model.positions": ("learned", "rotary"),
@@ -23,7 +21,7 @@ CHOICES = {
     "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
     "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),
     "masking.mask_rate_schedule_mode": ("constant", "linear"),
-    "objective": ("mlm", "mlm+nsp", "mlm+sop", "electra"),
+    "objective": tuple(registry.OBJECTIVES),   # or "module:Class" of an objective defined elsewhere
     "train.nonfinite": ("skip", "stop"),
     "data.doc_format": ("line", "blank_line"),
     "data.packing": ("segmented", "concat"),
@@ -38,6 +36,8 @@ CHOICES = {
 def check(key: str, value) -> None:
   """Raise a ConfigError naming `key`, `value` and the allowed values when `value` is not one of them."""
   allowed = CHOICES[key]
+  if key == "objective" and registry.is_spec(value):
+    return   # imported (and so checked) by the resolution step
   if value not in allowed:
     raise ConfigError(f"{key}={value!r}: expected one of {', '.join(repr(a) for a in allowed)}")
 

@@ -127,7 +127,7 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
 
 
 def electra_defaults() -> ml_collections.ConfigDict:
-  """The generator of `objective='electra'` (mlm_jax/electra.py); the discriminator is `config.model`."""
+  """The generator of `objective='electra'` (mlm_jax/objectives/electra.py); the discriminator is `config.model`."""
   e = ml_collections.ConfigDict()
   e.generator_hidden_size = 0      # 0 = model.hidden_size // 4 (the paper's best generator size)
   e.generator_num_heads = 0        # 0 = model.num_heads // 4 (at least 1)
@@ -141,7 +141,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order) | electra
-  # (replaced-token detection, mlm_jax/electra.py); the sentence objectives read pairs of sentences
+  # (replaced-token detection, mlm_jax/objectives/electra.py); the sentence objectives read pairs of sentences
   # from a token store (mlm_jax/data/sentence_pairs.py).
   c.objective = "mlm"
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:

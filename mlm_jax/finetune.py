@@ -32,6 +32,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
 from mlm_jax import flops, heads, loop as loop_lib, resolve, sharding, step as step_lib  # noqa: E402
+from mlm_jax import workdir as workdir_lib  # noqa: E402
 from mlm_jax.tasks import task as task_lib  # noqa: E402
 from mlm_jax.tasks.features import pad_rows  # noqa: E402
 
@@ -142,7 +143,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
       logging.info("random initialization (baseline): architecture and tokenizer of %s, no weights", config.init_from)
       return state
     params = state.params
-    params["encoder"] = ckpt_lib.restore_params_for(config.init_from, mcfg, abstract.params["encoder"])
+    params["encoder"] = workdir_lib.restore_params_for(config.init_from, mcfg, abstract.params["encoder"])
     logging.info("encoder initialized from %s", config.init_from)
     return state.replace(params=params)
 

@@ -44,19 +44,10 @@ def flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, num_slots: int
 
 
 def training_flops_per_token(config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
-  """What one pretraining step costs per input token, for `config.objective`.
-
-  ELECTRA: the discriminator on every token with its replaced-token head (H*H + H), plus the
-  generator with its MLM head on the slots, plus the sampling logits (a forward-only E*V per slot).
-  """
-  if config.get("objective", "mlm") != "electra":
-    return flops_per_token(config.model, seq_len, num_slots)
-  from mlm_jax import electra
-  disc_cfg, gen_cfg = electra.discriminator_config(config), electra.generator_config(config)
-  h = disc_cfg.hidden_size
-  sampling = 2 * gen_cfg.embedding_size * gen_cfg.vocab_size * num_slots / seq_len
-  return (flops_per_token(disc_cfg, seq_len) + 6 * (h * h + h) + flops_per_token(gen_cfg, seq_len, num_slots)
-          + sampling)
+  """What one pretraining step costs per input token: `config.objective`'s count (MLM: flops_per_token
+  with the head on the slots; ELECTRA adds its generator and sampling)."""
+  from mlm_jax.objectives import registry
+  return registry.for_config(config).flops_per_token(config, seq_len, num_slots)
 
 
 def dense_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int) -> float:

@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import ml_collections
 
-from mlm_jax import checkpoint as ckpt_lib
+from mlm_jax import workdir as workdir_lib
 from mlm_jax.convert import checkpoint_io as cio
 from mlm_jax.errors import UserError
 from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.objectives import registry
 
 # Accepted in text for any layout, besides the tokenizer's own mask piece ("[MASK]" for BERT).
 MASK_STRING = "<mask>"
@@ -38,19 +39,20 @@ class MaskedLM:
 
 
 def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
-  from flax import nnx
-  config = ckpt_lib.read_config(workdir)
-  mcfg = config.model
-  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
-  if config.get("objective", "mlm") == "electra":   # the generator is the pair's masked LM
-    from mlm_jax import electra
-    from mlm_jax.convert import electra as electra_convert
-    _, params, step = electra_convert.restore_pair(workdir, step)
-    pair = nnx.merge(electra.abstract_pair(config)[0], params)
-    return MaskedLM(pair.generator, tok, electra.generator_config(config), f"{workdir} (ELECTRA generator, step {step})")
-  _refuse_discriminator(mcfg, workdir)
-  graphdef, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
-  return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
+  """The run's masked LM: the tower its objective names (ELECTRA: the generator), from the latest or `step`."""
+  config = workdir_lib.read_config(workdir)
+  objective = registry.for_config(config)
+  path, mcfg = objective.masked_lm(config)
+  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  if not path:
+    _refuse_discriminator(mcfg, workdir)
+    graphdef, params, step = workdir_lib.restore_model(workdir, mcfg, step)
+    from flax import nnx
+    return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
+  module, step = workdir_lib.restore_objective_model(workdir, config, step)
+  for name in path.split("."):
+    module = getattr(module, name)
+  return MaskedLM(module, tok, mcfg, f"{workdir} ({objective.__name__} {path}, step {step})")
 
 
 def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
@@ -66,7 +68,7 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   mcfg = cio.model_config(hcfg)
   _refuse_discriminator(mcfg, hf_dir)
   if tokenizer:
-    tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
+    tok = workdir_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
   else:
     tok = cio.folder_tokenizer(hf_dir)
     if tok is None:

@@ -26,28 +26,13 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
-from mlm_jax import attention, choices, scan_layout
+from mlm_jax import attention, choices
 from mlm_jax.errors import ConfigError
 
 # Structure switches added for ModernBERT. config.json files written before them lack them and mean
-# these values (the models they describe had every bias and norm); `with_defaults` fills them in.
+# these values (the models they describe had every bias and norm); workdir.migrate fills them in.
 MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bias=True,
                     first_layer_attention_norm=True)
-
-
-def with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`cfg` with MODEL_FIELDS, `embedding_norm` and attention.NEW_FIELDS filled in where missing.
-
-  `embedding_norm` of an older config is what its model had: post-LN normalized the embeddings,
-  pre-LN did not (it normalized after the last layer only).
-  """
-  missing = {k: v for k, v in MODEL_FIELDS.items() if k not in cfg}
-  if "embedding_norm" not in cfg:
-    missing["embedding_norm"] = cfg.norm == "post"
-  if missing:
-    cfg = ml_collections.ConfigDict(cfg.to_dict())
-    cfg.update(missing)
-  return attention.with_defaults(cfg)
 
 
 def final_norm_name(cfg: ml_collections.ConfigDict) -> str | None:
@@ -284,6 +269,18 @@ def embedding_size(cfg: ml_collections.ConfigDict) -> int:
   return e or cfg.hidden_size
 
 
+def layer_layout(cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  """(lead layers a, groups n, layers per group g) of the scanned model of `cfg` (mlm_jax/scan_layout.py)."""
+  g = attention.group_size(cfg)
+  lead = 0 if cfg.get("first_layer_attention_norm", True) else min(1, cfg.num_layers)
+  return lead, (cfg.num_layers - lead) // g, g
+
+
+def abstract_model(model_cfg: ml_collections.ConfigDict):
+  """The encoder's (graphdef, parameter shapes), without allocating anything."""
+  return nnx.split(nnx.eval_shape(lambda: Encoder(model_cfg)), nnx.Param)
+
+
 def _remat_policy(remat: str):
   return (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims if remat == "dots"
           else jax.checkpoint_policies.nothing_saveable)
@@ -314,7 +311,6 @@ class Encoder(nnx.Module):
       raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
     for field in ("positions", "norm", "mlp"):
       choices.check(f"model.{field}", cfg[field])
-    cfg = with_defaults(cfg)
     attention.validate_model_config(cfg)
     if not cfg.first_layer_attention_norm and cfg.norm != "pre":
       raise ConfigError("model.first_layer_attention_norm=False needs model.norm='pre' (a post-LN layer's "
@@ -346,7 +342,7 @@ class Encoder(nnx.Module):
       self.embeddings_project_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
     layer_keys = keys[6:]
     if cfg.scan_layers:
-      lead, n, g = scan_layout.layout(cfg)
+      lead, n, g = layer_layout(cfg)
       self.lead_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead)])
       make = nnx.vmap(lambda k: LayerGroup(cfg, k, pdt, lead), transform_metadata={nnx.PARTITION_NAME: "layers"})
       self.layer_groups = make(layer_keys[lead:lead + n * g].reshape(n, g)) if n else None
@@ -401,7 +397,7 @@ class Encoder(nnx.Module):
       layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))
     layer_keys = keys[1:]
     if cfg.scan_layers:
-      lead, n, g = scan_layout.layout(cfg)
+      lead, n, g = layer_layout(cfg)
       for layer, key in zip(self.lead_layers, layer_keys[:lead]):
         x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
       x = self._scan(x, ctx, positions, layer_keys[lead:lead + n * g], pin)

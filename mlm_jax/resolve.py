@@ -16,7 +16,9 @@ import ml_collections
 from absl import logging
 
 from mlm_jax import attention, choices, masking, sharding
+from mlm_jax import workdir as workdir_lib
 from mlm_jax.errors import ConfigError
+from mlm_jax.objectives import registry
 
 
 def freeze(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
@@ -43,12 +45,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     masking.check_config(config.masking, config.model.vocab_size)
   if "data" in config:
     _check_curricula(config)
-  if config.get("objective", "mlm") == "electra":
-    from mlm_jax import electra
-    electra.check_config(config)
-  elif "masking" in config and not config.model.get("mlm_head", True):
-    raise ConfigError("model.mlm_head=False (an ELECTRA discriminator): objective='mlm' needs the MLM head; "
-                      "fine-tune it with mlm_jax.finetune instead")
+  if "masking" in config:   # a pretraining config: its objective's own rules
+    registry.for_config(config).check(config)
   m = config.model
   seq_len = config.data.seq_len if "data" in config else config.seq_len
   limit = m.max_position_embeddings - m.position_offset
@@ -64,9 +62,9 @@ def _check_curricula(config: ml_collections.ConfigDict) -> None:
   from mlm_jax.data import store_pipeline
   schedules.data_phases(config.data)   # parses (one ConfigError per bad entry)
   store = bool(config.data.sources) and store_pipeline.is_store(config.data)
+  pairs = "masking" in config and registry.for_config(config).input_kind != "rows"   # sentence pairs
   what = ("data.mix_alpha_schedule / data.source_start_steps" if schedules.has_data_schedule(config.data)
-          else f"objective={config.objective!r}" if config.get("objective", "mlm") in choices.SENTENCE_OBJECTIVES
-          else "")
+          else f"objective={config.objective!r}" if pairs else "")
   if what and not store:
     raise ConfigError(f"{what} needs token-store sources (data.sources=('store:DIR',)): prepare the corpus "
                       "once with tools/prepare_data.py --doc_format=blank_line, then train from store:DIR")
@@ -81,14 +79,15 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
   packed = "data" in config and config.data.packing == "segmented"   # rows that hold several documents
   requested = config.model.attention_impl or "auto"
   config.model.attention_impl, why = attention.resolve_impl(config.model, platform, seq_len, packed_documents=packed)
-  if config.get("objective", "mlm") == "electra":   # the generator runs the same kernel with its own head size
-    from mlm_jax import electra
+  towers = registry.for_config(config).towers(config) if "masking" in config else {}
+  for name, tower in towers.items():   # other towers of the step run the same kernel with their own sizes
+    tower.attention_impl = config.model.attention_impl
     try:
-      attention.resolve_impl(electra.generator_config(config), platform, seq_len, packed_documents=packed)
+      attention.resolve_impl(tower, platform, seq_len, packed_documents=packed)
     except ConfigError as e:
       if requested != "auto":
-        raise ConfigError(f"{e} (in the ELECTRA generator, electra.generator_*)") from None
-      config.model.attention_impl, why = "xla", f"xla, since the ELECTRA generator cannot use it: {e}"
+        raise ConfigError(f"{e} (in {name})") from None
+      config.model.attention_impl, why = "xla", f"xla, since {name} cannot use it: {e}"
   logging.info("attention: %s", why)
   if "masking" in config:
     config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
@@ -141,9 +140,8 @@ def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
 
 
 def bind_objective(config: ml_collections.ConfigDict) -> None:
-  """NSP / SOP (config.objective) train BERT's pooler and a 2-way sentence head on it."""
-  if config.objective in choices.SENTENCE_OBJECTIVES:
-    config.model.use_pooler = config.model.sentence_head = True
+  """What the objective implies (NSP / SOP: BERT's pooler and a 2-way sentence head on it)."""
+  registry.for_config(config).bind(config)
 
 
 def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None):
@@ -239,11 +237,10 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
   config_flags.get_override_values gives them: {"model.hidden_size": 512}) that contradicts the source
   is an error, since the user asked for a model the checkpoint is not.
   """
-  from mlm_jax import checkpoint as ckpt_lib
   overrides = overrides or {}
   given = config.init_from
   source = init_source(given, workdir)
-  src = ckpt_lib.read_config(source)
+  src = workdir_lib.read_config(source)
   if "model" not in src:
     raise ConfigError(f"init_from={given!r}: its config.json has no model section")
   taken = []
@@ -258,7 +255,7 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
       taken.append(key)
     config.model[key] = value
   config.init_from = source
-  tok = ckpt_lib.tokenizer_path(source, src)
+  tok = workdir_lib.tokenizer_path(source, src)
   if os.path.exists(tok) or "://" in tok:
     from mlm_jax.data import tokenizer as tok_lib
     wanted = overrides.get("data.tokenizer")   # the same tokenizer (a copy, its folder) is no contradiction
@@ -278,28 +275,25 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   The model is the source's (on top of today's defaults) with the fine-tuning dropout overrides;
   the tokenizer is the source's unless `tokenizer` is set; `init_from` becomes the source folder.
   """
-  from mlm_jax import checkpoint as ckpt_lib
   from mlm_jax.defaults import model_defaults
   config = _copy(config)
   choices.check_config(config)
   source = init_source(init_from or config.init_from, workdir)
-  source_cfg = ckpt_lib.read_config(source)
+  source_cfg = workdir_lib.read_config(source)
   model = model_defaults()
-  model.update(source_cfg.model.to_dict())
-  if source_cfg.get("objective", "mlm") == "electra":
-    model.mlm_head = False   # fine-tuning starts from the discriminator (checkpoint.restore_params_for)
+  model.update(workdir_lib.encoder_of(source_cfg)[1].to_dict())   # ELECTRA: the discriminator
   if config.hidden_dropout >= 0:
     model.hidden_dropout = config.hidden_dropout
   if config.attention_dropout >= 0:
     model.attention_dropout = config.attention_dropout
   config.model = model
   config.init_from = source
-  path = config.tokenizer or ckpt_lib.tokenizer_path(source, source_cfg)
+  path = config.tokenizer or workdir_lib.tokenizer_path(source, source_cfg)
   if not os.path.exists(path) and "://" not in path:
     raise ConfigError(f"{source}: no tokenizer at {path}; pass --config.tokenizer=PATH (a transformers folder "
                       "needs its spm.model, sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json)")
   config.tokenizer = path
-  tok = ckpt_lib.load_tokenizer(path, model.vocab_size)
+  tok = workdir_lib.load_tokenizer(path, model.vocab_size)
   o = config.optimizer
   if not o.warmup_steps:
     o.warmup_steps = int(round(o.get("warmup_fraction", 0.0) * config.train.steps))

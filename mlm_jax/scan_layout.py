@@ -11,7 +11,7 @@ cannot be stacked with them): ModernBERT's layer 0, which has no attention norm.
 every stacked parameter real (no unused norm kept only for homogeneity), and since a layer's window
 depends on its index modulo g only, the groups after it are still alike.
 Everything else (embeddings, head) is the same in both. Names are the dotted paths of
-mlm_jax/convert/hf.py (`flatten`), which both directions work on.
+mlm_jax/tree_paths.py (`flatten`), which both directions work on.
 """
 from __future__ import annotations
 
@@ -20,14 +20,8 @@ import re
 import numpy as np
 import ml_collections
 
-from mlm_jax import attention
-
-
-def layout(cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
-  """(lead layers a, groups n, layers per group g) of the scanned model of `cfg`."""
-  g = attention.group_size(cfg)
-  lead = 0 if cfg.get("first_layer_attention_norm", True) else min(1, cfg.num_layers)
-  return lead, (cfg.num_layers - lead) // g, g
+from mlm_jax.model import abstract_model, layer_layout as layout
+from mlm_jax.tree_paths import fill, flatten
 
 
 def unscan_flat(flat: dict, cfg: ml_collections.ConfigDict) -> dict:
@@ -78,15 +72,11 @@ def _with_scan(cfg: ml_collections.ConfigDict, scan: bool) -> ml_collections.Con
 
 def unscan_params(params, cfg: ml_collections.ConfigDict):
   """Params of a scanned model (`cfg.scan_layers` True) -> those of the unscanned model (host numpy)."""
-  from mlm_jax import step
-  from mlm_jax.convert import hf
-  _, template = step.abstract_model(_with_scan(cfg, False))
-  return hf.fill(template, unscan_flat(hf.flatten(params), cfg))
+  _, template = abstract_model(_with_scan(cfg, False))
+  return fill(template, unscan_flat(flatten(params), cfg))
 
 
 def scan_params(params, cfg: ml_collections.ConfigDict):
   """Params of an unscanned model -> those of the scanned model of the same config (host numpy)."""
-  from mlm_jax import step
-  from mlm_jax.convert import hf
-  _, template = step.abstract_model(_with_scan(cfg, True))
-  return hf.fill(template, scan_flat(hf.flatten(params), cfg))
+  _, template = abstract_model(_with_scan(cfg, True))
+  return fill(template, scan_flat(flatten(params), cfg))

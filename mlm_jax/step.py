@@ -1,4 +1,4 @@
-"""The pure train and eval steps: mask -> encoder -> gather slots -> MLM head -> loss -> AdamW.
+"""The pure train and eval steps: the objective's prepare (masking) -> its loss -> grads -> AdamW.
 
 `train_step(state, batch, key) -> (state, metrics)` is one jax.jit with the state donated. The key
 is the run's base key; each step folds in the step number, so masks and dropout are a function of
@@ -18,8 +18,8 @@ import optax
 from flax import nnx, struct
 import ml_collections
 
-from mlm_jax import masking, objectives, optim, schedules, sharding
-from mlm_jax.model import Encoder
+from mlm_jax import optim, sharding
+from mlm_jax.objectives import registry
 
 
 @struct.dataclass
@@ -44,72 +44,6 @@ class Trainer:
   train_step: Callable   # (state, batch, key) -> (state, metric sums)
   eval_step: Callable    # (params, batch, key) -> the objective's eval output (MLM: metric sums)
   objective: Any
-
-
-def abstract_model(model_cfg: ml_collections.ConfigDict):
-  """The encoder's graph and parameter shapes, without allocating anything."""
-  model = nnx.eval_shape(lambda: Encoder(model_cfg))
-  return nnx.split(model, nnx.Param)
-
-
-class MLM:
-  """The masked-LM objective: masking inside the step, the loss over the prediction slots only.
-
-  An objective is what `make_trainer` needs beyond the model: `prepare(batch, key, step)` (the
-  step's on-device input transform, here dynamic masking at the scheduled rate), `loss_sums`
-  (summed loss and metric sums; the gradient is divided by `sums[count_key]` of the global batch),
-  `evaluate` (what the eval step returns) and, for the loop, `summarize` / `console` (rates and
-  their part of the console line; the held-out evaluation reports `summarize` too) and, optionally,
-  `schedule_values(step)` (curriculum values at a step, logged with the rates).
-  """
-  count_key = "num_predictions"
-
-  def __init__(self, config: ml_collections.ConfigDict):
-    self.masking, self.vocab_size = config.masking, config.model.vocab_size
-
-  def prepare(self, batch, key, step=None):
-    """Masks at masking.mask_rate, or at the schedule's rate for `step` (traced; None at eval)."""
-    rate = schedules.mask_rate(self.masking, step, traced=True) if step is not None else None
-    return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate)
-
-  def schedule_values(self, step: int) -> dict:
-    if not self.masking.get("mask_rate_schedule", ()):
-      return {}
-    return dict(mask_rate=float(schedules.mask_rate(self.masking, step)))
-
-  @staticmethod
-  def hidden_and_sums(model, batch, dropout_key, activation_sharding=None):
-    """(hidden states, MLM metric sums over the prediction slots): what objectives built on MLM extend."""
-    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                   dropout_key=dropout_key, activation_sharding=activation_sharding)
-    y = model.mlm_transform(objectives.gather_slots(hidden, batch["masked_positions"]))
-    return hidden, objectives.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...],
-                                       batch["masked_labels"], batch["masked_weights"])
-
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
-    return sums["loss_sum"], sums
-
-  def evaluate(self, model, batch, key, activation_sharding=None):
-    """Metric sums with masks from `key` (fixed across evaluations, so they are comparable)."""
-    return self.loss_sums(model, self.prepare(batch, key), None, activation_sharding)[1]
-
-  @staticmethod
-  def summarize(sums) -> dict:
-    rates = objectives.summarize(sums)
-    return dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]))
-
-  @staticmethod
-  def console(m: dict) -> str:
-    return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
-
-
-def make_objective(config: ml_collections.ConfigDict):
-  """The pretraining objective named by config.objective (default 'mlm')."""
-  if config.get("objective", "mlm") in ("mlm+nsp", "mlm+sop"):
-    from mlm_jax.sentence_objective import MLMWithSentenceHead
-    return MLMWithSentenceHead(config)
-  return MLM(config)
 
 
 def _microbatches(batch, n):
@@ -141,15 +75,12 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
 
 def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
                  objective=None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
-  """Init, shardings and the jitted steps for a model and an objective (default: from `config.objective`,
-  the encoder and MLM, or ELECTRA's generator + discriminator pair)."""
+  """Init, shardings and the jitted steps for a model and an objective (default: `config.objective`'s,
+  from objectives/registry.py, and the model it makes; fine-tuning passes its task head and model)."""
   mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
-  if objective is None and config.get("objective", "mlm") == "electra":
-    from mlm_jax import electra   # generator + discriminator pair, replaced-token detection
-    objective = electra.Electra(config)
-    make_model = make_model or (lambda: electra.ElectraPair(config, seed=config.seed))
-  objective = objective if objective is not None else make_objective(config)
-  make_model = make_model or (lambda: Encoder(config.model, seed=config.seed))
+  if objective is None:
+    objective = registry.for_config(config)(config)
+  make_model = make_model or (lambda: objective.make_model(config))
   accum = int(config.optimizer.grad_accum_steps)
   total_steps = int(config.train.steps)
   tx = optim.make_optimizer(config.optimizer, total_steps)
@@ -204,8 +135,3 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   return Trainer(config=config, mesh=mesh, graphdef=graphdef, tx=tx, schedule=schedule,
                  state_sharding=state_sh, batch_sharding=batch_sh, init=init, train_step=train_jit,
                  eval_step=eval_jit, objective=objective)
-
-
-def model_from_params(graphdef, params) -> Encoder:
-  """An Encoder module holding `params` (for inference, conversion and tools)."""
-  return nnx.merge(graphdef, params)

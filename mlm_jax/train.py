@@ -1,7 +1,8 @@
 """Pretraining binary: python -m mlm_jax.train --config=configs/demo.py --workdir=DIR
 
-Resolve the config (tokenizer, vocabulary, checks; resolve.py) -> input pipeline -> trainer (the
-encoder and the MLM objective; step.py) -> the one loop (loop.py): logs, evals, checkpoints with
+Resolve the config (tokenizer, vocabulary, checks; resolve.py) -> input pipeline (packed rows or
+sentence pairs, as the objective asks) -> trainer (the objective named by config.objective and the
+model it makes; objectives/, step.py) -> the one loop (loop.py): logs, evals, checkpoints with
 the input's position. Re-running the same command resumes from the latest checkpoint in DIR;
 SIGTERM (preemption) saves at the next step boundary and exits 0. `config.init_from` starts the
 parameters from another workdir or a `convert_checkpoint.py from_hf` folder.
@@ -22,7 +23,9 @@ from ml_collections import config_flags  # noqa: E402
 import ml_collections  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
-from mlm_jax import choices, flops, loop as loop_lib, masking, objectives, resolve, sharding, step as step_lib  # noqa: E402
+from mlm_jax import flops, loop as loop_lib, masking, resolve, sharding, step as step_lib  # noqa: E402
+from mlm_jax import workdir as workdir_lib  # noqa: E402
+from mlm_jax.objectives import registry  # noqa: E402
 from mlm_jax.errors import DataError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
@@ -73,10 +76,10 @@ def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: s
   n, i = jax.process_count(), jax.process_index()
   local = config.train.batch_size // n
   cache_dir = store_index.cache_dir_for(workdir)
-  if config.objective in choices.SENTENCE_OBJECTIVES:
+  kind = registry.for_config(config).input_kind
+  if kind != "rows":
     from mlm_jax.data import sentence_pairs
-    return sentence_pairs.PairPipeline(config.data, config.objective, local, config.seed, i, n, split,
-                                       cache_dir=cache_dir)
+    return sentence_pairs.PairPipeline(config.data, kind, local, config.seed, i, n, split, cache_dir=cache_dir)
   if store_pipeline.is_store(config.data):
     return store_pipeline.make_pipeline(config.data, tok, local, config.seed, i, n, split,
                                         cache_dir=cache_dir)
@@ -128,11 +131,9 @@ class HeldOut:
 
   def __call__(self, params, step: int) -> dict:
     config = self.trainer.config
-    shape = (config.train.batch_size // jax.process_count(), config.data.seq_len)
-    filler = {k: np.full(shape, self.tok.pad_id if k == "input_ids" else 0, np.int32)
-              for k in ("input_ids", "segment_ids", "positions", "word_starts")}
-    if config.objective in choices.SENTENCE_OBJECTIVES:   # sentence pairs: all-zero rows carry no loss
-      filler.update(token_type_ids=np.zeros(shape, np.int32), sentence_labels=np.zeros(shape[:1], np.int32))
+    rows = config.train.batch_size // jax.process_count()
+    filler = {k: np.full((rows, *shape), self.tok.pad_id if k == "input_ids" else 0, np.int32)   # no loss
+              for k, shape in self.trainer.objective.batch_features(config.data.seq_len).items()}
     pipeline, sums = self.pipeline(), None
     for _ in range(config.train.eval_batches):
       batch = sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
@@ -140,10 +141,10 @@ class HeldOut:
       sums = s if sums is None else jax.tree.map(jnp.add, sums, s)
     pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
     host = jax.device_get(sums) if sums is not None else None
-    if host is None or host["num_predictions"] == 0:
+    objective = self.trainer.objective
+    if host is None or host[objective.count_key] == 0:
       raise DataError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
-    rates = {k: float(v) for k, v in objectives.summarize(host).items() if k != "num_predictions"}
-    rates.update(self.trainer.objective.summarize(host))   # ELECTRA: loss is the total, plus its parts; NSP/SOP: sentence rates
+    rates = getattr(objective, "summarize_eval", objective.summarize)(host)
     return {f"eval_{k}": float(v) for k, v in rates.items()}
 
 
@@ -159,7 +160,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
     state = trainer.init()
     if config.init_from:
       abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
-      params = ckpt_lib.restore_params_for(config.init_from, config.model, abstract.params, fresh=state.params)
+      params = workdir_lib.restore_params_for(config.init_from, config.model, abstract.params, fresh=state.params)
       state = state.replace(params=params)
       logging.info("initialized parameters from %s", config.init_from)
     return state

@@ -172,7 +172,7 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
   assert convert_checkpoint.main(["from_hf", f"--hf_dir={src}", f"--out={tmp_path / 'ours'}"]) == 0
   assert f"--config.init_from={tmp_path / 'ours'}" in capsys.readouterr().out   # all it takes to continue
   from mlm_jax import checkpoint
-  assert checkpoint.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
+  assert workdir_lib.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
   assert convert_checkpoint.main(["to_hf", f"--workdir={tmp_path / 'ours'}", f"--out={tmp_path / 'back'}"]) == 0
   assert "(modernbert, step 0)" in capsys.readouterr().out
   reloaded, info = transformers.AutoModelForMaskedLM.from_pretrained(
@@ -195,34 +195,35 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
 
 def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   """checkpoint.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
-  from mlm_jax import checkpoint, step
+  from mlm_jax import checkpoint, workdir as workdir_lib
+  from mlm_jax.model import abstract_model
   model = _hf_model("xlm-roberta")
   src = _save_hf(model, tmp_path / "hf")
   out = tmp_path / "ours"
   summary = cio.from_hf(str(src), str(out), tokenizer=spm["xlmr"].model_path)
-  config = checkpoint.read_config(str(out))
+  config = workdir_lib.read_config(str(out))
   assert config.init_from == str(out) and config.data.tokenizer == summary["tokenizer"]
   assert summary["train_flags"] == [f"--config.init_from={out}"] and not summary["fresh_head"]
-  _, abstract = step.abstract_model(config.model)
+  _, abstract = abstract_model(config.model)
   params, _ = checkpoint.restore_params(str(out), checkpoint.single_device(abstract))
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()
   np.testing.assert_array_equal(np.asarray(params["word_embeddings"][...]), ref)
   # NSP / SOP on top of a source without a pooler and sentence head (a *ForMaskedLM): those start fresh
   nsp = config.model.copy_and_resolve_references()
   nsp.use_pooler = nsp.sentence_head = True
-  _, abstract = step.abstract_model(nsp)
+  _, abstract = abstract_model(nsp)
   abstract = checkpoint.single_device(abstract)
   with pytest.raises(checkpoint.CheckpointError, match="has no array params.pooler_bias"):
-    checkpoint.restore_params_for(str(out), nsp, abstract)
+    workdir_lib.restore_params_for(str(out), nsp, abstract)
   for scan in (False, True):   # True: the source's layers are restacked on the way in
     nsp.scan_layers = scan
-    _, abstract = step.abstract_model(nsp)
+    _, abstract = abstract_model(nsp)
     abstract = checkpoint.single_device(abstract)
     fresh = jax.tree.map(lambda a: np.full(a.shape, 0.5, a.dtype), abstract)
-    got = checkpoint.restore_params_for(str(out), nsp, abstract, fresh=fresh)
+    got = workdir_lib.restore_params_for(str(out), nsp, abstract, fresh=fresh)
     assert jax.tree.structure(got) == jax.tree.structure(abstract)
     np.testing.assert_array_equal(np.asarray(got["word_embeddings"][...]), ref)
-    assert all((np.asarray(got[k][...]) == 0.5).all() for k in checkpoint.OBJECTIVE_PARAMS)
+    assert all((np.asarray(got[k][...]) == 0.5).all() for k in workdir_lib.OBJECTIVE_PARAMS)
 
   # --config.init_from is all it takes: the demo config's model is replaced by the source's, silently;
   # a run-time field stays the user's; a command-line model flag that contradicts the source is refused.

@@ -1,4 +1,4 @@
-"""ELECTRA (mlm_jax/electra.py): the pair's losses against transformers, the corruption, the sampler."""
+"""ELECTRA (mlm_jax/objectives/electra.py, electra_pair.py): the pair's losses against transformers, the corruption, the sampler."""
 import numpy as np
 import pytest
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from mlm_jax import electra  # noqa: E402
+from mlm_jax.objectives import electra, electra_pair  # noqa: E402
 from mlm_jax.convert import electra as electra_convert  # noqa: E402
 from mlm_jax.defaults import default_config  # noqa: E402
 
@@ -32,8 +32,8 @@ def _config(scan=False, embedding_size=16):
 def _pair(config, noise=0.05):
   """(graphdef, params) of a pair with every parameter perturbed (no LayerNorm of ones or bias of zeros
   to hide a mistake)."""
-  graphdef, params = electra.abstract_pair(config)
-  params = jax.jit(lambda: nnx.state(electra.ElectraPair(config, seed=0), nnx.Param))()
+  graphdef, params = electra_pair.abstract_pair(config)
+  params = jax.jit(lambda: nnx.state(electra_pair.ElectraPair(config, seed=0), nnx.Param))()
   rng = np.random.default_rng(5)
   params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + noise * rng.standard_normal(x.shape), x.dtype), params)
   return graphdef, params
@@ -76,8 +76,8 @@ def _hf_models(config, params):
   flats = electra_convert.tower_flats(params, config)
   out = {}
   for kind, cls, cfg in ((electra_convert.DISCRIMINATOR, transformers.ElectraForPreTraining,
-                          electra.discriminator_config(config)),
-                         (electra_convert.GENERATOR, transformers.ElectraForMaskedLM, electra.generator_config(config))):
+                          electra_pair.discriminator_config(config)),
+                         (electra_convert.GENERATOR, transformers.ElectraForMaskedLM, electra_pair.generator_config(config))):
     tok = type("Tok", (), dict(pad_id=1, bos_id=0, eos_id=2, mask_id=V - 1))()
     hcfg = electra_convert.hf_config(cfg, kind, tok)
     model = cls(transformers.ElectraConfig(**hcfg)).eval()
@@ -146,6 +146,6 @@ def test_gumbel_max_samples_follow_the_softmax():
   logits = jnp.log(jnp.asarray([0.5, 0.3, 0.15, 0.05]))[None, None, :]
   n = 20000
   seeds = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(jax.random.key(0), i)))(jnp.arange(n))
-  draws = np.asarray(electra.sample_slots(jnp.broadcast_to(logits, (n, 1, 4)), seeds))[:, 0]
+  draws = np.asarray(electra_pair.sample_slots(jnp.broadcast_to(logits, (n, 1, 4)), seeds))[:, 0]
   freq = np.bincount(draws, minlength=4) / n
   np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.015)

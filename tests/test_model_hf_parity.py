@@ -131,7 +131,7 @@ def test_mlm_loss_matches_transformers(arch):
   """Our step's MLM loss (masking -> sparse slots -> mean NLL) is transformers' *ForMaskedLM loss with labels
   at the masked positions, on the same corrupted batch: the number continued pretraining starts from."""
   import jax
-  from mlm_jax import step
+  from mlm_jax.objectives.mlm import MLM
   model, hcfg = _hf_model(arch)
   config = default_config()
   config.model = hf.model_config_from_hf(hcfg.to_dict(), config.model)
@@ -143,7 +143,7 @@ def test_mlm_loss_matches_transformers(arch):
   positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
   batch = dict(input_ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.asarray(mask, jnp.int32),
                positions=jnp.asarray(positions, jnp.int32), token_type_ids=jnp.asarray(types, jnp.int32))
-  objective = step.MLM(config)
+  objective = MLM(config)
   masked = jax.jit(objective.prepare)(batch, jax.random.key(3))
   loss_sum, sums = nnx.jit(lambda m, b: objective.loss_sums(m, b, None))(ours, masked)
   ours_loss = float(loss_sum / sums["num_predictions"])
@@ -180,10 +180,10 @@ def _modernbert(biases: bool):
 
 
 def _ours_from(model, hcfg, **overrides):
-  from mlm_jax import step
+  from mlm_jax.model import abstract_model
   cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
   cfg.update(overrides)
-  graphdef, template = step.abstract_model(cfg)
+  graphdef, template = abstract_model(cfg)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   return nnx.merge(graphdef, hf.params_from_hf(sd, cfg, "modernbert", template)), cfg, sd
 

@@ -69,7 +69,7 @@ def _params(workdir, step):
   import jax
   ck = checkpoint.Checkpointer(str(workdir), async_save=False)
   assert step in ck.all_steps()
-  _, params, _ = checkpoint.restore_model(str(workdir), cfg.model)
+  _, params, _ = workdir_lib.restore_model(str(workdir), cfg.model)
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
 

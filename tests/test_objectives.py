@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlm_jax import objectives
+from mlm_jax.objectives import sparse_loss as objectives
 
 
 def _reference(y, emb, bias, labels, weights):

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mlm_jax import scan_layout, sharding, step
+from mlm_jax import scan_layout, sharding, step, workdir as workdir_lib
+from mlm_jax.model import abstract_model
 from mlm_jax.convert import hf
 from mlm_jax.defaults import default_config
 from mlm_jax.model import Encoder
@@ -60,7 +61,7 @@ def test_scanned_model_gives_the_unscanned_outputs_and_gradients():
   """With dropout on (the same key per layer), remat inside the scan, and converted params."""
   opts = dict(remat="dots", attention_dropout=0.1)   # hidden dropout off: half the compile time
   unscanned = Encoder(_cfg(**opts))
-  graphdef, _ = step.abstract_model(_cfg(scan_layers=True, **opts))
+  graphdef, _ = abstract_model(_cfg(scan_layers=True, **opts))
   scanned = nnx.merge(graphdef, scan_layout.scan_params(_params(unscanned), _cfg()))
   key = jax.random.key(7)
   h_scanned, g_scanned = _forward_and_grads(scanned, key)
@@ -82,7 +83,7 @@ def test_scanned_params_export_to_hf_and_import_back():
   for name in want:
     np.testing.assert_array_equal(sd[name], want[name], err_msg=name)
   scan_cfg = _cfg(global_attention_every=0, scan_layers=True)
-  _, template = step.abstract_model(scan_cfg)
+  _, template = abstract_model(scan_cfg)
   back = hf.flatten(hf.params_from_hf(sd, scan_cfg, "bert", template))
   for name, value in hf.flatten(scanned_params).items():
     np.testing.assert_array_equal(value, back[name], err_msg=name)
@@ -90,7 +91,7 @@ def test_scanned_params_export_to_hf_and_import_back():
 
 def test_stacked_axis_uses_the_layers_rule():
   """The leading axis of stacked params is the logical `layers` axis (replicated by default rules)."""
-  _, abstract = step.abstract_model(_cfg(scan_layers=True))
+  _, abstract = abstract_model(_cfg(scan_layers=True))
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:2]).reshape(1, 2, 1), sharding.AXES)
   shardings = sharding.state_shardings(abstract, mesh, default_config().sharding.rules)
   spec = shardings["layer_groups"]["layers"][0]["mlp"]["wi_kernel"].get_value().spec
@@ -107,8 +108,8 @@ def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path):
   ckpt.close()
   (tmp_path / "config.json").write_text(json.dumps(dict(model=_cfg().to_dict())))
   scanned_cfg = _cfg(scan_layers=True)
-  _, abstract = step.abstract_model(scanned_cfg)
-  params = checkpoint.restore_params_for(str(tmp_path), scanned_cfg, checkpoint.single_device(abstract))
+  _, abstract = abstract_model(scanned_cfg)
+  params = workdir_lib.restore_params_for(str(tmp_path), scanned_cfg, checkpoint.single_device(abstract))
   graphdef, _ = nnx.split(Encoder(scanned_cfg), nnx.Param)
   ids, seg, pos = _inputs()
   np.testing.assert_allclose(np.asarray(nnx.merge(graphdef, params)(ids, seg, pos)),

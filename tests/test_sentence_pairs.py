@@ -41,7 +41,7 @@ def _contiguous(doc_ids, part):
   return any(np.array_equal(doc_ids[i:i + n], part) for i in range(len(doc_ids) - n + 1))
 
 
-@pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop"])
+@pytest.mark.parametrize("objective", ["nsp_pairs", "sop_pairs"])   # the objectives' input_kind
 def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objective, tmp_path):
   c = _cfg(bert_store)
   pipe = sentence_pairs.PairPipeline(c, objective, 1000, seed=5, cache_dir=str(tmp_path))
@@ -72,9 +72,9 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objecti
     assert (b["segment_ids"][r] > 0).sum() == seps[1] + 1 and (ids[seps[1] + 1:] == small.pad_id).all()
     if len(a) + len(bb) < stream.budget:   # not truncated: the pair is whole sentences of the document
       doc = st.read("de", "train", [stream.index["chunk_doc"][chunk[r]]])[0].ids
-      first, second = (bb, a) if objective == "mlm+sop" and b["sentence_labels"][r] else (a, bb)
+      first, second = (bb, a) if objective == "sop_pairs" and b["sentence_labels"][r] else (a, bb)
       in_order = _contiguous(doc, np.concatenate([first, second]))
-      assert in_order == (objective == "mlm+sop" or b["sentence_labels"][r] == 0)
+      assert in_order == (objective == "sop_pairs" or b["sentence_labels"][r] == 0)
       checked += 1
   assert checked >= 2
   # resume: the data state is a row count; the same pairs come after set_state
@@ -97,13 +97,13 @@ def test_xlmr_layout_and_errors(shared_data, corpus_and_tokenizer, tmp_path):
   for out, fmt in ((root, "blank_line"), (lines, "line")):
     prepare.prepare(prepare.Options(sources=(f"de={shared_data / ALICE}",), tokenizer=tok.model_path,
                                     eval_percent=0.0, doc_format=fmt), out, progress_s=1e9, log=lambda s: None)
-  pipe = sentence_pairs.PairPipeline(_cfg(root, 48), "mlm+sop", 8, seed=0, cache_dir=str(tmp_path))
+  pipe = sentence_pairs.PairPipeline(_cfg(root, 48), "sop_pairs", 8, seed=0, cache_dir=str(tmp_path))
   b = next(pipe)
   for ids, types in zip(b["input_ids"], b["token_type_ids"]):
     eos = np.nonzero(ids == tok.eos_id)[0]   # <s> A </s></s> B </s>
     assert ids[0] == tok.bos_id and len(eos) == 3 and eos[1] == eos[0] + 1 and not types.any()
   with pytest.raises(DataError, match="none of its .* documents has two lines"):
-    sentence_pairs.PairPipeline(_cfg(lines), "mlm+nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
+    sentence_pairs.PairPipeline(_cfg(lines), "nsp_pairs", 8, seed=0, cache_dir=str(tmp_path))   # line format
   from mlm_jax import resolve
   from mlm_jax.defaults import default_config
   from mlm_jax.errors import ConfigError
@@ -127,7 +127,7 @@ def test_nsp_head_and_loss_match_bert_for_pretraining():
   from mlm_jax.convert import hf
   from mlm_jax.defaults import default_config
   from mlm_jax.model import Encoder
-  from mlm_jax.sentence_objective import MLMWithSentenceHead
+  from mlm_jax.objectives.sentence import MLMWithSentenceHead
   hcfg = _tiny_bert(torch, transformers)
   cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
   cfg.update(use_pooler=True, sentence_head=True, hidden_dropout=0.0, attention_dropout=0.0)
@@ -219,10 +219,10 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
   assert summary["arch"] == "bert" and "note" not in summary
   assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
   theirs = transformers.BertForPreTraining.from_pretrained(str(out)).eval()
-  cfg = checkpoint.read_config(str(full))
-  graphdef, params, _ = checkpoint.restore_model(str(full), cfg.model)
+  cfg = workdir_lib.read_config(str(full))
+  graphdef, params, _ = workdir_lib.restore_model(str(full), cfg.model)
   ours = nnx.merge(graphdef, params)
-  b = next(sentence_pairs.PairPipeline(_cfg(bert_store), "mlm+nsp", 8, seed=1, split="eval",
+  b = next(sentence_pairs.PairPipeline(_cfg(bert_store), "nsp_pairs", 8, seed=1, split="eval",
                                        cache_dir=str(tmp_path / "idx")))
   mask = b["segment_ids"] > 0
   hidden = ours(jnp.asarray(b["input_ids"]), jnp.asarray(b["segment_ids"]), jnp.asarray(b["positions"]),

@@ -174,7 +174,9 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   import jax
   import numpy as np
   from flax import nnx
-  from mlm_jax import checkpoint as ckpt_lib, electra, inference, step as step_lib
+  from mlm_jax import checkpoint as ckpt_lib, inference, tree_paths, workdir as workdir_lib
+  from mlm_jax.model import abstract_model
+  from mlm_jax.objectives import electra_pair as electra
   from mlm_jax.convert import checkpoint_io as cio
   from mlm_jax.convert import electra as electra_convert
   from mlm_jax.errors import UserError
@@ -184,7 +186,7 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   assert summary["step"] == 12 and "generator/model.safetensors" in summary["files"]
   config, params, _ = electra_convert.restore_pair(str(electra_run))
   pair = nnx.merge(electra.abstract_pair(config)[0], params)
-  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(str(electra_run), config))
+  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(str(electra_run), config))
   ids = [tok.bos_id] + tok.encode("The list is returned, and the <mask> is sorted in place.") + [tok.eos_id]
   x = np.asarray([ids], np.int32)
   args = (x, np.ones_like(x), np.arange(x.shape[1], dtype=np.int32)[None])
@@ -205,12 +207,12 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
     inference.load(hf_dir=str(out / "discriminator"))
 
   # What `mlm_jax.finetune --init_from=RUN` restores: the discriminator, nothing of the generator.
-  ft_cfg = ckpt_lib.read_config(str(electra_run)).model
+  ft_cfg = workdir_lib.read_config(str(electra_run)).model
   ft_cfg.mlm_head = False
-  abstract = ckpt_lib.single_device(step_lib.abstract_model(ft_cfg)[1])
-  restored = ckpt_lib.restore_params_for(str(electra_run), ft_cfg, abstract)
+  abstract = ckpt_lib.single_device(abstract_model(ft_cfg)[1])
+  restored = workdir_lib.restore_params_for(str(electra_run), ft_cfg, abstract)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(params["discriminator"])):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=ckpt_lib.path_name(path))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=tree_paths.path_name(path))
 
 
 def test_sigterm_saves_current_step_and_rerun_continues(tmp_path, corpus_and_tokenizer):

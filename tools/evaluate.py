@@ -73,15 +73,15 @@ def _pack(rows: list, seq_len: int, pad_id: int, batch_size: int):
 
 def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int, hf_model=None) -> dict:
   """Masked-LM sums over all rows with fixed masks (key folded with the batch index): the eval step of
-  pretraining (step.MLM.evaluate), on one device. `hf_model` (a transformers masked LM) is scored on
+  pretraining (objectives.mlm.MLM.evaluate), on one device. `hf_model` (a transformers masked LM) is scored on
   the same corrupted batches with labels at the masked positions, as its own loss computes it."""
   import jax
   import jax.numpy as jnp
   import ml_collections
   from flax import nnx
-  from mlm_jax import objectives, step
+  from mlm_jax.objectives import mlm as mlm_lib, sparse_loss
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  mlm = step.MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
+  mlm = mlm_lib.MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
   sums_fn = jax.jit(lambda params, batch, key: mlm.evaluate(nnx.merge(graphdef, params), batch, key))
 
   mask_fn = jax.jit(mlm.prepare)
@@ -94,7 +94,7 @@ def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int, 
     total = s if total is None else jax.tree.map(jnp.add, total, s)
     if hf_model is not None:
       hf_sum += _transformers_loss_sum(hf_model, jax.device_get(mask_fn(batch, key)))
-  rates = objectives.summarize(jax.device_get(total))
+  rates = sparse_loss.summarize(jax.device_get(total))
   out = dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]), perplexity=float(rates["perplexity"]),
              num_predictions=int(rates["num_predictions"]))
   if hf_model is not None:
@@ -159,7 +159,7 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
                  max_lines=0, pll_lines=50, seed=0, against_transformers=False) -> dict:
-  from mlm_jax import checkpoint, inference
+  from mlm_jax import inference, workdir as workdir_lib
   from mlm_jax.defaults import default_config
   from mlm_jax.errors import UserError
   lm = inference.load(workdir=workdir, hf_dir=hf_dir, step=step, tokenizer=tokenizer)
@@ -169,7 +169,7 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
     raise UserError(f"--seq_len={seq_len}: the model has positions for {limit} tokens")
   kcfg = default_config().masking
   if workdir:
-    run = checkpoint.read_config(workdir)
+    run = workdir_lib.read_config(workdir)
     if "masking" in run:
       kcfg.update({k: v for k, v in run.masking.to_dict().items() if k in kcfg})
   tok = lm.tokenizer

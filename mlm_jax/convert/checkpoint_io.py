@@ -31,10 +31,11 @@ import numpy as np
 import ml_collections
 
 from mlm_jax import checkpoint as ckpt_lib
-from mlm_jax import errors
-from mlm_jax.convert import hf, hf_tokenizer, modernbert
+from mlm_jax import errors, model as model_lib, workdir as workdir_lib
+from mlm_jax.convert import electra, hf, hf_tokenizer, modernbert
 from mlm_jax.data import tokenizer as tok_lib
 from mlm_jax.data import tokenizer_hf, tokenizer_spm
+from mlm_jax.objectives import registry
 
 
 
@@ -62,14 +63,13 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   """Writes an HF folder from a workdir; returns a summary (step, arch, files)."""
   from safetensors.numpy import save_file
   _check_out(out, overwrite)
-  config = ckpt_lib.read_config(workdir)
-  if config.get("objective", "mlm") == "electra":
-    from mlm_jax.convert import electra
-    if arch not in (None, "electra"):
-      raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
-    return electra.to_hf(workdir, out, step)
-  mcfg = config.model
-  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  config = workdir_lib.read_config(workdir)
+  objective = registry.for_config(config)
+  own = objective.to_hf(workdir, out, step, arch)   # an objective with its own transformers classes (ELECTRA)
+  if own is not None:
+    return own
+  subtree, mcfg = objective.encoder(config)
+  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
   arch = arch or ("roberta" if tok.family == "bpe" and mcfg.position_offset else default_arch(mcfg))
   if arch not in hf.ARCHS:
     raise ConversionError(f"unknown architecture --arch={arch!r}: expected one of {', '.join(hf.ARCHS)}")
@@ -77,7 +77,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     hcfg = hf.hf_config(mcfg, arch, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
   except ValueError as e:
     raise ConversionError(str(e)) from None
-  _, params, step = ckpt_lib.restore_model(workdir, mcfg, step)
+  _, params, step = workdir_lib.restore_model(workdir, mcfg, step, subtree=subtree)
   state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.params_to_hf(params, mcfg, arch).items()}
   if mcfg.type_vocab_size == 0 and arch != modernbert.ARCH:
     # Our model has no token types; transformers always adds one: a zero row changes nothing.
@@ -118,9 +118,9 @@ def read_hf_config(hf_dir: str) -> dict:
       hcfg = json.load(f)
     except json.JSONDecodeError as e:
       raise ConversionError(f"{path}: not valid JSON ({e})") from None
-  if hcfg.get("model_type") not in hf.ARCHS + ("electra",):
+  if hcfg.get("model_type") not in hf.ARCHS + (electra.ARCH,):
     raise ConversionError(f"{path}: unknown architecture model_type={hcfg.get('model_type')!r}: expected one "
-                          f"of {', '.join(hf.ARCHS + ('electra',))}")
+                          f"of {', '.join(hf.ARCHS + (electra.ARCH,))}")
   return hcfg
 
 
@@ -217,8 +217,7 @@ def write_tokenizer_files(tok: tok_lib.Tokenizer, folder: str) -> list[str]:
 def model_config(hcfg: dict) -> ml_collections.ConfigDict:
   from mlm_jax.defaults import default_config
   try:
-    if hcfg.get("model_type") == "electra":
-      from mlm_jax.convert import electra
+    if hcfg.get("model_type") == electra.ARCH:
       return electra.model_config_from_hf(hcfg, default_config().model)
     return hf.model_config_from_hf(hcfg, default_config().model)
   except (KeyError, ValueError) as e:
@@ -238,8 +237,7 @@ def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> boo
   if any(theirs in sd for _, theirs, _ in rows):
     return False
   from flax import nnx
-  from mlm_jax.model import Encoder
-  flat = hf.flatten(nnx.state(Encoder(mcfg, seed=0), nnx.Param))
+  flat = hf.flatten(nnx.state(model_lib.Encoder(mcfg, seed=0), nnx.Param))
   for ours, theirs, to_hf in rows:
     sd[theirs] = np.asarray(to_hf(flat[ours]))
   return True
@@ -247,10 +245,8 @@ def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> boo
 
 def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str):
   """(graphdef, params, fresh_head) from an HF state dict, every tensor's presence and shape checked by name."""
-  from mlm_jax import step as step_lib
-  if arch == "electra":   # one tower: the generator (with MLM head) or the discriminator (without)
-    from mlm_jax.convert import electra
-    graphdef, abstract = step_lib.abstract_model(mcfg)
+  if arch == electra.ARCH:   # one tower: the generator (with MLM head) or the discriminator (without)
+    graphdef, abstract = model_lib.abstract_model(mcfg)
     kind = electra.GENERATOR if mcfg.mlm_head else electra.DISCRIMINATOR
     return graphdef, electra.params_from_hf(sd, mcfg, kind, abstract), False
   sd = _canonical_names(sd, arch)
@@ -261,7 +257,7 @@ def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str)
     # BertForPreTraining's NSP head (bert-base-uncased's checkpoint has it): kept for mlm+nsp runs
     mcfg.sentence_head = arch == "bert" and "cls.seq_relationship.weight" in sd
   fresh_head = _add_fresh_head(sd, mcfg, arch)
-  graphdef, abstract = step_lib.abstract_model(mcfg)
+  graphdef, abstract = model_lib.abstract_model(mcfg)
   try:
     return graphdef, hf.params_from_hf(sd, mcfg, arch, abstract), fresh_head
   except (KeyError, ValueError) as e:
@@ -283,7 +279,7 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   sd, source = read_hf_weights(hf_dir)
   _, params, fresh_head = params_from_state_dict(sd, mcfg, arch)
 
-  tok = ckpt_lib.load_tokenizer(tokenizer, mcfg.vocab_size) if tokenizer else folder_tokenizer(hf_dir)
+  tok = workdir_lib.load_tokenizer(tokenizer, mcfg.vocab_size) if tokenizer else folder_tokenizer(hf_dir)
   if tok is not None and tok.vocab_size != mcfg.vocab_size:
     raise ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} but "
                           f"its {tok.family} tokenizer has {tok.vocab_size} pieces")
@@ -301,7 +297,7 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   os.makedirs(out, exist_ok=True)
   if tok is not None:
     write_tokenizer_files(tok, tok_dir)
-    ckpt_lib.load_tokenizer(tok_path, mcfg.vocab_size)   # the written files load and agree
+    workdir_lib.load_tokenizer(tok_path, mcfg.vocab_size)   # the written files load and agree
   ckpt = ckpt_lib.Checkpointer(out, keep=1, async_save=False)
   state = {"params": jax.tree.map(jnp.asarray, params), "step": jnp.zeros((), jnp.int32)}
   ckpt.save(0, state, {"from_hf": os.path.abspath(hf_dir), "weights": os.path.basename(source)})

@@ -19,10 +19,13 @@ import ml_collections
 import numpy as np
 
 from mlm_jax import checkpoint as ckpt_lib
-from mlm_jax import scan_layout
+from mlm_jax import scan_layout, workdir as workdir_lib
 from mlm_jax.convert import hf, hf_tokenizer
 from mlm_jax.errors import ConversionError
+from mlm_jax.objectives import electra_pair
+from mlm_jax.tree_paths import path_name
 
+ARCH = "electra"   # transformers' model_type
 DISCRIMINATOR, GENERATOR = "ElectraForPreTraining", "ElectraForMaskedLM"
 
 
@@ -70,7 +73,7 @@ def hf_config(cfg: ml_collections.ConfigDict, kind: str, tok) -> dict:
   from mlm_jax.model import embedding_size
   _check_model(cfg)
   return dict(
-      model_type="electra", architectures=[kind], vocab_size=cfg.vocab_size, embedding_size=embedding_size(cfg),
+      model_type=ARCH, architectures=[kind], vocab_size=cfg.vocab_size, embedding_size=embedding_size(cfg),
       hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
       intermediate_size=cfg.intermediate_size, hidden_act="gelu", hidden_dropout_prob=cfg.hidden_dropout,
       attention_probs_dropout_prob=cfg.attention_dropout, max_position_embeddings=cfg.max_position_embeddings,
@@ -82,11 +85,10 @@ def hf_config(cfg: ml_collections.ConfigDict, kind: str, tok) -> dict:
 
 def tower_flats(params, config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
   """The pair's params -> {kind: flat unscanned params of that tower}; the shared tables go to both."""
-  from mlm_jax import electra
   flat = hf.flatten(params)
   towers = {}
-  for kind, prefix, cfg in ((DISCRIMINATOR, "discriminator.", electra.discriminator_config(config)),
-                            (GENERATOR, "generator.", electra.generator_config(config))):
+  for kind, prefix, cfg in ((DISCRIMINATOR, "discriminator.", electra_pair.discriminator_config(config)),
+                            (GENERATOR, "generator.", electra_pair.generator_config(config))):
     own = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
     if cfg.scan_layers:
       own = scan_layout.unscan_flat(own, cfg)
@@ -110,21 +112,19 @@ def state_dict(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, k
 
 def restore_pair(workdir: str, step: int | None = None):
   """(config, pair params on one device, step) of an ELECTRA workdir."""
-  from mlm_jax import electra
-  config = ckpt_lib.read_config(workdir)
-  _, abstract = electra.abstract_pair(config)
+  config = workdir_lib.read_config(workdir)
+  _, abstract = electra_pair.abstract_pair(config)
   params, step = ckpt_lib.restore_params(workdir, ckpt_lib.single_device(abstract), step)
   return config, params, step
 
 
 def to_hf(workdir: str, out: str, step: int | None = None) -> dict:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM); `out` is checked
-  by the caller (checkpoint_io.to_hf)."""
+  by the caller (checkpoint_io.to_hf, through the objective's `to_hf`)."""
   from safetensors.numpy import save_file
-  from mlm_jax import electra
   config, params, step = restore_pair(workdir, step)
-  tok = ckpt_lib.load_tokenizer(ckpt_lib.tokenizer_path(workdir, config), config.model.vocab_size)
-  cfgs = {DISCRIMINATOR: electra.discriminator_config(config), GENERATOR: electra.generator_config(config)}
+  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), config.model.vocab_size)
+  cfgs = {DISCRIMINATOR: electra_pair.discriminator_config(config), GENERATOR: electra_pair.generator_config(config)}
   hcfgs = {kind: hf_config(cfg, kind, tok) for kind, cfg in cfgs.items()}   # every check before writing
   flats = tower_flats(params, config)
   files = []
@@ -138,7 +138,7 @@ def to_hf(workdir: str, out: str, step: int | None = None) -> dict:
     written = ["config.json", "model.safetensors"] + hf_tokenizer.write(
         tok, folder, model_max_length=cfgs[kind].max_position_embeddings)
     files += [f"{sub}/{name}" for name in written]
-  return dict(step=step, arch="electra", files=files, out=out)
+  return dict(step=step, arch=ARCH, files=files, out=out)
 
 
 def kind_of(hcfg: Mapping) -> str:
@@ -163,7 +163,7 @@ def model_config_from_hf(hcfg: Mapping, base: ml_collections.ConfigDict) -> ml_c
 def params_from_hf(sd: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, kind: str, template) -> dict:
   """HF state dict -> flat params of one tower as `template` (an Encoder's; the discriminator's
   `rtd_head.*` are returned beside it, under that prefix, when the template has them)."""
-  names = {ckpt_lib.path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(template)}
+  names = {path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(template)}
   flat = {}
   for ours, theirs, to_ours, _ in mapping(cfg, kind):
     if ours.startswith("rtd_head.") and ours not in names:

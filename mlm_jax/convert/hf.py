@@ -19,7 +19,7 @@ import numpy as np
 import ml_collections
 
 from mlm_jax import scan_layout
-from mlm_jax.checkpoint import path_name
+from mlm_jax.tree_paths import fill, flatten, path_name  # noqa: F401  (hf.flatten / hf.fill: the converters' names)
 from mlm_jax.convert import modernbert
 from mlm_jax.errors import ConversionError
 
@@ -80,7 +80,7 @@ def hf_config(cfg: ml_collections.ConfigDict, arch: str, pad_token_id: int, bos_
     raise ConversionError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no "
                           f"{arch} equivalent in transformers: expected learned / post / gelu")
   from mlm_jax import model
-  switched_off = [k for k in (*model.MODEL_FIELDS, "embedding_norm") if not model.with_defaults(cfg)[k]]
+  switched_off = [k for k in (*model.MODEL_FIELDS, "embedding_norm") if not cfg[k]]
   if switched_off:
     raise ConversionError(f"model.{switched_off[0]}=False has no {arch} equivalent in transformers (its layers "
                           "all have biases and norms)")
@@ -175,24 +175,6 @@ def mapping(cfg: ml_collections.ConfigDict, arch: str) -> list[tuple[str, str, C
     rows += [("sentence_kernel", "cls.seq_relationship.weight", t, t),
              ("sentence_bias", "cls.seq_relationship.bias", ident, ident)]
   return rows
-
-
-def flatten(params) -> dict[str, np.ndarray]:
-  """nnx.State of Params -> {dotted path: numpy array} (gathers sharded arrays to host)."""
-  return {path_name(path): np.asarray(jax.device_get(x)) for path, x in jax.tree_util.tree_leaves_with_path(params)}
-
-
-def fill(template, flat: Mapping[str, np.ndarray]):
-  """A copy of `template` (params or their abstract shapes) with values from `flat`, shapes checked."""
-  def one(path, x):
-    name = path_name(path)
-    if name not in flat:
-      raise ConversionError(f"no value for parameter {name}")
-    v = np.asarray(flat[name])
-    if tuple(v.shape) != tuple(x.shape):
-      raise ConversionError(f"parameter {name}: shape {tuple(v.shape)} does not match the model's {tuple(x.shape)}")
-    return v.astype(x.dtype)
-  return jax.tree_util.tree_map_with_path(one, template)
 
 
 def params_from_hf(state_dict: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, arch: str,

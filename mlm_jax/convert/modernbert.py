@@ -30,8 +30,6 @@ DEFAULT_THETA = dict(full_attention=160_000.0, sliding_attention=10_000.0)   # t
 
 def is_modernbert(cfg: ml_collections.ConfigDict) -> bool:
   """Whether `config.model` has ModernBERT's structure (what `to_hf` can write as one)."""
-  from mlm_jax import model
-  cfg = model.with_defaults(cfg)
   return (cfg.norm == "pre" and cfg.positions == "rotary" and cfg.mlp == "geglu" and cfg.type_vocab_size == 0
           and cfg.embedding_norm and not cfg.first_layer_attention_norm)
 
@@ -95,8 +93,7 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
 def hf_config(cfg: ml_collections.ConfigDict, pad_token_id: int, bos_token_id: int | None = None,
               eos_token_id: int | None = None) -> dict:
   """A ModernBERT config.json dict for our `config.model` (ModernBERT-shaped models only)."""
-  from mlm_jax import attention, model
-  cfg = model.with_defaults(cfg)
+  from mlm_jax import attention
   if not is_modernbert(cfg):
     raise ConversionError(
         f"model (norm={cfg.norm}, positions={cfg.positions}, mlp={cfg.mlp}, type_vocab_size={cfg.type_vocab_size}, "

@@ -3,7 +3,7 @@
 `config.objective = 'mlm+nsp' | 'mlm+sop'` trains the encoder on pairs of sentence spans
 (mlm_jax/data/sentence_pairs.py), each row `[CLS] A [SEP] B [SEP]` with `sentence_labels`. The
 sentence head is BERT's: pooler (tanh dense on the first token) -> 2-way linear
-(`model.sentence_head`, set by resolve.py together with `model.use_pooler`).
+(`model.sentence_head`, set by `bind` together with `model.use_pooler`).
 
 Loss: as BERT's pretraining loss, the mean MLM loss plus the mean sentence loss. The step divides
 the summed loss by the number of predictions (`count_key`), so the sentence loss sum enters scaled
@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mlm_jax.step import MLM
+from mlm_jax.objectives.mlm import MLM
 
 
 def sentence_sums(logits, labels, weights) -> dict:
@@ -30,9 +30,13 @@ def sentence_sums(logits, labels, weights) -> dict:
 class MLMWithSentenceHead(MLM):
   """MLM (dynamic masking, sparse slots, mask-rate schedule) + the NSP / SOP head on the pooler."""
 
-  def __init__(self, config):
-    super().__init__(config)
-    self.kind = config.objective
+  @classmethod
+  def bind(cls, config) -> None:
+    config.model.use_pooler = config.model.sentence_head = True
+
+  @classmethod
+  def batch_features(cls, seq_len: int) -> dict:
+    return dict(super().batch_features(seq_len), token_type_ids=(seq_len,), sentence_labels=())
 
   def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
     hidden, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
@@ -41,12 +45,21 @@ class MLMWithSentenceHead(MLM):
     scale = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_pairs"], 1.0))
     return sums["loss_sum"] + scale * sums["sentence_loss_sum"], sums
 
-  @staticmethod
-  def summarize(sums) -> dict:
+  def summarize(self, sums) -> dict:
     n = max(float(sums["num_pairs"]), 1.0)
-    return dict(MLM.summarize(sums), sentence_loss=float(sums["sentence_loss_sum"]) / n,
+    return dict(super().summarize(sums), sentence_loss=float(sums["sentence_loss_sum"]) / n,
                 sentence_accuracy=float(sums["sentence_correct_sum"]) / n)
 
   @staticmethod
   def console(m: dict) -> str:
     return f"{MLM.console(m)}  sent loss {m['sentence_loss']:.4f}  sent acc {m['sentence_accuracy']:.3f}"
+
+
+class NextSentence(MLMWithSentenceHead):
+  """BERT: is B the span that followed A, or one from another document?"""
+  input_kind = "nsp_pairs"
+
+
+class SentenceOrder(MLMWithSentenceHead):
+  """ALBERT: are A and B in their order, or swapped?"""
+  input_kind = "sop_pairs"

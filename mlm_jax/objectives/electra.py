@@ -1,0 +1,148 @@
+"""ELECTRA (Clark et al., 2020, arXiv:2003.10555): replaced-token detection, `config.objective='electra'`.
+
+A small generator is trained with MLM on the masked input; replacements for the masked slots are
+sampled from its output, and the discriminator (the model one keeps) learns, for every real token
+of the corrupted sequence, whether it was replaced. Both towers train in the one jitted step:
+
+  mask (masking.py, as for MLM) -> generator -> MLM head on the prediction slots only
+  (sparse_loss.py) -> Gumbel-max sample per slot (no gradient through the sample) -> original
+  ids with the masked slots replaced -> discriminator -> binary head on every position ->
+  loss = generator MLM (mean over slots) + electra.disc_weight x discriminator BCE (mean over real tokens).
+
+The pair model (both towers, shared embeddings, the sampler) is electra_pair.py. The discriminator
+is the encoder (init_from, fine-tuning); the generator is the masked LM (fill-mask); to_hf writes both.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from mlm_jax import flops, masking, model as model_lib, schedules
+from mlm_jax.errors import ConfigError, ConversionError
+from mlm_jax.objectives import sparse_loss
+from mlm_jax.objectives.electra_pair import (ElectraPair, corrupt, discriminator_config, generator_config,
+                                             sample_slots)
+from mlm_jax.objectives.mlm import MLM
+
+
+class Electra(MLM):
+  """The ELECTRA objective (interface.py); MLM's answers where the generator is a masked LM.
+
+  The gradient is divided by the global number of prediction slots (`count_key`); the
+  discriminator's summed loss enters scaled by slots / real tokens of the batch, so the total is
+  mean MLM + disc_weight x mean BCE exactly for the whole batch (with gradient accumulation, each
+  microbatch's ratio stands in for the global one).
+  """
+  count_key = "num_predictions"
+
+  # --- asked before the run ---
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict) -> None:
+    if config.electra.disc_weight < 0:
+      raise ConfigError(f"electra.disc_weight={config.electra.disc_weight}: expected >= 0")
+    generator_config(config)
+    model_lib.embedding_size(config.model)
+    if config.model.position_offset != 0:   # found at export otherwise, after the training
+      raise ConfigError(f"model.position_offset={config.model.position_offset}: transformers' ELECTRA numbers "
+                        "positions from 0; pass --config.model.position_offset=0, or start from "
+                        "configs/electra_small.py:demo")
+
+  @classmethod
+  def towers(cls, config: ml_collections.ConfigDict) -> dict:
+    return {"the ELECTRA generator (electra.generator_*)": generator_config(config)}
+
+  @classmethod
+  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
+    """The discriminator on every token with its replaced-token head (H*H + H), plus the generator with
+    its MLM head on the slots, plus the sampling logits (a forward-only E*V per slot)."""
+    disc_cfg, gen_cfg = discriminator_config(config), generator_config(config)
+    h = disc_cfg.hidden_size
+    sampling = 2 * gen_cfg.embedding_size * gen_cfg.vocab_size * num_slots / seq_len
+    return (flops.flops_per_token(disc_cfg, seq_len) + 6 * (h * h + h)
+            + flops.flops_per_token(gen_cfg, seq_len, num_slots) + sampling)
+
+  @classmethod
+  def make_model(cls, config: ml_collections.ConfigDict):
+    return ElectraPair(config, seed=config.seed)
+
+  @classmethod
+  def encoder(cls, config: ml_collections.ConfigDict) -> tuple:
+    return "discriminator", discriminator_config(config)   # fine-tuning starts from it
+
+  @classmethod
+  def masked_lm(cls, config: ml_collections.ConfigDict) -> tuple:
+    return "generator", generator_config(config)
+
+  @classmethod
+  def to_hf(cls, workdir: str, out: str, step, arch):
+    """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM)."""
+    from mlm_jax.convert import electra as electra_convert
+    if arch not in (None, electra_convert.ARCH):
+      raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
+    return electra_convert.to_hf(workdir, out, step)
+
+  # --- the step ---
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.masking, self.vocab_size = config.masking, config.model.vocab_size
+    self.disc_weight = float(config.electra.disc_weight)
+
+  def prepare(self, batch, key, step=None):
+    """MLM's masking (at the scheduled mask rate for `step`) plus per-example sampling seeds."""
+    mask_key, sample_key = jax.random.split(key)
+    rate = schedules.mask_rate(self.masking, step, traced=True) if step is not None else None
+    out = masking.mask_batch(batch, mask_key, self.masking, self.vocab_size, rate=rate)
+    rows = jnp.arange(batch["input_ids"].shape[0])
+    out["original_ids"] = batch["input_ids"]
+    out["sample_seeds"] = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(sample_key, i)))(rows)
+    return out
+
+  def forward(self, pair: ElectraPair, batch, dropout_key=None, activation_sharding=None):
+    """Everything the loss needs, as a dict (also what the tests compare with transformers)."""
+    gen, disc = pair.generator, pair.discriminator
+    gen_key = disc_key = None
+    if dropout_key is not None:
+      gen_key, disc_key = jax.random.split(dropout_key)
+    seg, pos, tt = batch["segment_ids"], batch["positions"], batch.get("token_type_ids")
+    hidden = gen(batch["input_ids"], seg, pos, tt, dropout_key=gen_key, activation_sharding=activation_sharding)
+    y = gen.mlm_transform(sparse_loss.gather_slots(hidden, batch["masked_positions"]))
+    mlm = sparse_loss.mlm_sums(y, gen.word_embeddings[...], gen.decoder_bias[...], batch["masked_labels"],
+                              batch["masked_weights"])
+    # The sampling logits again, without gradient (the loss's custom VJP keeps its own).
+    logits = jnp.einsum("bph,vh->bpv", jax.lax.stop_gradient(y),
+                        jax.lax.stop_gradient(gen.word_embeddings[...]).astype(y.dtype),
+                        preferred_element_type=jnp.float32)
+    logits = logits + jax.lax.stop_gradient(gen.decoder_bias[...]).astype(jnp.float32)
+    sampled = sample_slots(logits, batch["sample_seeds"])
+    corrupted, replaced = corrupt(batch["original_ids"], batch["masked_positions"], batch["masked_weights"], sampled)
+    real = (seg != 0).astype(jnp.float32)
+    labels = replaced.astype(jnp.float32) * real
+    hidden_d = disc(corrupted, seg, pos, tt, dropout_key=disc_key, activation_sharding=activation_sharding)
+    disc_logits = pair.rtd_head(hidden_d, disc.dtype)
+    bce = optax.sigmoid_binary_cross_entropy(disc_logits, labels)
+    correct = ((disc_logits > 0).astype(jnp.float32) == labels).astype(jnp.float32)
+    sums = dict(mlm, disc_loss_sum=(bce * real).sum(), disc_correct_sum=(correct * real).sum(), num_tokens=real.sum(),
+                replaced_sum=labels.sum())
+    return dict(sums=sums, sampled=sampled, corrupted=corrupted, labels=labels, disc_logits=disc_logits)
+
+  def loss_sums(self, pair, batch, dropout_key, activation_sharding=None):
+    sums = self.forward(pair, batch, dropout_key, activation_sharding)["sums"]
+    ratio = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_tokens"], 1.0))
+    return sums["loss_sum"] + self.disc_weight * ratio * sums["disc_loss_sum"], sums
+
+  def evaluate(self, pair, batch, key, activation_sharding=None):
+    return self.loss_sums(pair, self.prepare(batch, key), None, activation_sharding)[1]
+
+  def summarize(self, sums) -> dict:
+    n = max(float(sums["num_predictions"]), 1.0)
+    t = max(float(sums["num_tokens"]), 1.0)
+    mlm_loss, disc_loss = float(sums["loss_sum"]) / n, float(sums["disc_loss_sum"]) / t
+    return dict(loss=mlm_loss + self.disc_weight * disc_loss, mlm_loss=mlm_loss,
+                accuracy=float(sums["correct_sum"]) / n, disc_loss=disc_loss,
+                disc_accuracy=float(sums["disc_correct_sum"]) / t, replaced=float(sums["replaced_sum"]) / t)
+
+  @staticmethod
+  def console(m: dict) -> str:
+    return (f"loss {m['loss']:.4f}  mlm {m['mlm_loss']:.4f} acc {m['accuracy']:.3f}  disc {m['disc_loss']:.4f} "
+            f"acc {m['disc_accuracy']:.3f}  replaced {m['replaced']:.3f}")

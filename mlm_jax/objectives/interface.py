@@ -1,0 +1,87 @@
+"""What an objective is: the page to read before adding one.
+
+An objective is a class. `make_trainer` builds one from the frozen config and runs its
+`prepare` -> `loss_sums` in the jitted train step; the loop logs what `summarize` / `console` make
+of the summed metrics. The class-level methods answer the questions asked before a run or of a
+finished one (resolution, input, FLOPs, init_from, export, fill-mask). Subclassing
+`mlm_jax.objectives.mlm.MLM` gives a masked LM's answer to every one of them, so a new objective
+overrides only what differs. To make it known, add one line to registry.py, or name it as
+`--config.objective=module:Class` (config.json keeps that string; resume and the tools find it).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import ml_collections
+
+Config = ml_collections.ConfigDict
+
+
+class Objective(Protocol):
+  # --- asked before the run (class methods; the config is the resolved, still-editable one) ---
+  input_kind: ClassVar[str]
+  """'rows' (packed documents), 'nsp_pairs' or 'sop_pairs' (sentence pairs from a token store)."""
+
+  @classmethod
+  def bind(cls, config: Config) -> None:
+    """Derive the fields the objective implies (NSP: model.use_pooler / sentence_head), in resolve.py."""
+
+  @classmethod
+  def check(cls, config: Config) -> None:
+    """Raise a one-line ConfigError for a config the objective cannot train (or export)."""
+
+  @classmethod
+  def towers(cls, config: Config) -> dict[str, Config]:
+    """Model configs the step runs besides config.model, by a name for messages (ELECTRA's generator):
+    the attention kernel chosen for the platform must serve them too."""
+
+  @classmethod
+  def batch_features(cls, seq_len: int) -> dict[str, tuple]:
+    """Every int32 feature of an input row and its shape per row: the AOT tool's abstract batch and
+    the eval step's all-padding filler rows are made from it."""
+
+  @classmethod
+  def flops_per_token(cls, config: Config, seq_len: int, num_slots: int) -> float:
+    """Model FLOPs of one training step per input token (the MFU numerator; see flops.py)."""
+
+  @classmethod
+  def make_model(cls, config: Config) -> Any:
+    """The nnx.Module whose Params the train state holds."""
+
+  @classmethod
+  def encoder(cls, config: Config) -> tuple[str, Config]:
+    """(path of the encoder in make_model's module, '' = itself; its model config): what init_from and
+    fine-tuning start from."""
+
+  @classmethod
+  def masked_lm(cls, config: Config) -> tuple[str, Config]:
+    """(path, model config) of the tower with an MLM head, which fill-mask runs."""
+
+  @classmethod
+  def to_hf(cls, workdir: str, out: str, step: int | None, arch: str | None) -> dict | None:
+    """Export WORKDIR as transformers folder(s) and return the summary; None: export `encoder` as a
+    BERT / RoBERTa / XLM-R / ModernBERT masked LM (convert/checkpoint_io.py)."""
+
+  # --- the step (an instance, built by make_trainer from the frozen config) ---
+  count_key: str
+  """The summed metric that divides the gradient: the loss is a mean over it for the global batch."""
+
+  def __init__(self, config: Config): ...
+
+  def prepare(self, batch: dict, key, step=None) -> dict:
+    """The on-device input transform (masking), inside the jitted step; `step` is None at eval."""
+
+  def loss_sums(self, model, batch: dict, dropout_key, activation_sharding=None) -> tuple[Any, dict]:
+    """(summed loss, summed metrics) of a (micro)batch; the step divides by sums[count_key]."""
+
+  def evaluate(self, model, batch: dict, key, activation_sharding=None) -> dict:
+    """The eval step's output (summed metrics), masks from `key`, fixed across evaluations."""
+
+  def summarize(self, sums: dict) -> dict:
+    """Host-side rates (loss, accuracy, ...) from summed metrics, for the log and TensorBoard;
+    an optional `summarize_eval` adds what only the held-out evaluation reports (perplexity)."""
+
+  def console(self, rates: dict) -> str:
+    """The objective's part of the console line."""
+
+  # Optional: schedule_values(step) -> dict of curriculum values at `step`, logged with the rates.

@@ -1,0 +1,47 @@
+"""The objectives `config.objective` may name: name -> "module:attr" of the objective class.
+
+A leaf (it imports no mlm_jax module; the objectives are imported when asked for), because
+choices.py reads the names here and the objectives import the model, which imports choices.
+
+Adding an objective to the package is one line below. One defined elsewhere needs none:
+`--config.objective=my_package.my_module:MyObjective` names it directly, and config.json keeps that
+string, so resume and the tools (to_hf, fill_mask, init_from) find it again.
+"""
+from __future__ import annotations
+
+import importlib
+
+from mlm_jax.errors import ConfigError
+
+OBJECTIVES = {
+    "mlm": "mlm_jax.objectives.mlm:MLM",
+    "mlm+nsp": "mlm_jax.objectives.sentence:NextSentence",   # BERT's next-sentence prediction
+    "mlm+sop": "mlm_jax.objectives.sentence:SentenceOrder",  # ALBERT's sentence-order prediction
+    "electra": "mlm_jax.objectives.electra:Electra",
+}
+DEFAULT = "mlm"
+
+
+def is_spec(value) -> bool:
+  """Whether `value` names an objective by "module:attr" rather than by a registry name."""
+  return isinstance(value, str) and ":" in value
+
+
+def load(name: str):
+  """The objective class for a registry name or a "module:attr" string."""
+  spec = name if is_spec(name) else OBJECTIVES.get(name)
+  if spec is None:
+    raise ConfigError(f"objective={name!r}: expected one of {', '.join(repr(n) for n in OBJECTIVES)} or "
+                      "'module:Class' of an objective defined elsewhere")
+  module, _, attr = spec.partition(":")
+  try:
+    return getattr(importlib.import_module(module), attr)
+  except ImportError as e:
+    raise ConfigError(f"objective={name!r}: cannot import {module} ({e})") from None
+  except AttributeError:
+    raise ConfigError(f"objective={name!r}: {module} has no {attr}") from None
+
+
+def for_config(config):
+  """The objective class of a pretraining config (`config.objective`, default 'mlm')."""
+  return load(config.get("objective", DEFAULT))
