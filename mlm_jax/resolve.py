@@ -154,6 +154,7 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
   _substitute_workdir(config, workdir)
   if config.init_from:
     bind_init_from(config, workdir, overrides)
+  registry.for_config(config).check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
   if config.demo_corpus:
     from mlm_jax import demo_corpus
     if jax.process_index() == 0:

@@ -149,3 +149,27 @@ def test_gumbel_max_samples_follow_the_softmax():
   draws = np.asarray(electra_pair.sample_slots(jnp.broadcast_to(logits, (n, 1, 4)), seeds))[:, 0]
   freq = np.bincount(draws, minlength=4) / n
   np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.015)
+
+
+def test_an_electra_run_that_could_not_export_is_refused_at_start(tmp_path):
+  """configs/demo.py numbers positions from 2 (XLM-R's layout); transformers' ELECTRA from 0. The run is refused
+  before anything is written (demo corpus, tokenizer), in one line naming the config that works."""
+  import importlib.util
+  import pathlib
+  from mlm_jax import resolve
+  from mlm_jax.errors import ConfigError
+  configs = pathlib.Path(__file__).resolve().parents[1] / "configs"
+  spec = importlib.util.spec_from_file_location("demo", configs / "demo.py")
+  demo = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(demo)
+  c = demo.get_config()
+  c.objective = "electra"
+  with pytest.raises(ConfigError, match=r"^model.position_offset=2: .*configs/electra_small.py:demo$") as e:
+    resolve.resolve_pretraining(c, str(tmp_path))
+  assert "\n" not in str(e.value) and not list(tmp_path.iterdir())
+  spec = importlib.util.spec_from_file_location("electra_small", configs / "electra_small.py")
+  electra_small = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(electra_small)
+  c = electra_small.get_config("demo")
+  c.model.vocab_size = 128
+  resolve.resolve_for_compile(c, platform="cpu")   # the fix named resolves
