@@ -26,7 +26,7 @@ runtime.configure()   # before jax and tensorflow are imported
 from mlm_jax.presets import SIZES as PRESETS  # noqa: E402
 
 
-def train_main(argv):
+def _parse(argv) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmark.py train")
   p.add_argument("--model", choices=sorted(PRESETS), default="mini")
   p.add_argument("--seq_len", type=int, default=128)
@@ -45,14 +45,13 @@ def train_main(argv):
   p.add_argument("--remat", default="none", help="none | full | dots (model.remat)")
   p.add_argument("--max_predictions", type=int, default=0,
                  help="prediction slots per sequence; 0 = masking.max_predictions' rule for the platform")
-  args = p.parse_args(argv)
+  return p.parse_args(argv)
 
-  import jax
-  import numpy as np
-  from mlm_jax import flops, masking, resolve, sharding, step
+
+def _config(args, platform: str):
+  """(the resolved, checked and frozen config, why its attention implementation), as the binaries resolve."""
+  from mlm_jax import attention, resolve
   from mlm_jax.defaults import default_config
-
-  kept = runtime.keep_freed_memory()   # as the training binary does on CPU
   c = default_config()
   c.model.update(PRESETS[args.model])
   c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
@@ -64,19 +63,29 @@ def train_main(argv):
   c.mesh.update(dict(data=args.devices, fsdp=1, tensor=1))
   # One segment per row, no padding (the batches below), as concat packing makes them: what cudnn serves.
   c.data.update(dict(seq_len=args.seq_len, packing="concat"))
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:args.devices])
-  impl_reason = resolve.bind_platform(c, sharding.platform(mesh))
+  why = attention.resolve_impl(c.model, platform, args.seq_len, packed_documents=False)[1]
+  return resolve.resolve_for_compile(c, platform)[0], why
 
+
+def _batches(args, n: int = 4) -> list:
+  """Random token rows, one document each (BOS ... EOS), no padding."""
+  import numpy as np
   rng = np.random.default_rng(0)
   b, s = args.batch, args.seq_len
   batches = []
-  for _ in range(4):
+  for _ in range(n):
     ids = rng.integers(4, args.vocab - 1, (b, s)).astype(np.int32)
     ids[:, 0], ids[:, -1] = 0, 2
     batches.append(dict(input_ids=ids, segment_ids=np.ones((b, s), np.int32),
                         positions=np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
                         word_starts=np.ones((b, s), np.int32)))
+  return batches
 
+
+def _timed_steps(c, mesh, batches, args) -> dict:
+  """Compile, warm up, then time `args.steps` steps: seconds, page faults and the last loss."""
+  import jax
+  from mlm_jax import step
   t0 = time.perf_counter()
   tr = step.make_trainer(c, mesh)
   state = tr.init()
@@ -84,7 +93,6 @@ def train_main(argv):
   key = jax.random.key(0)
   compiled = tr.train_step.lower(state, batches[0], key).compile()
   compile_s = time.perf_counter() - t0
-
   for i in range(args.warmup):
     state, m = compiled(state, batches[i % 4], key)
   jax.block_until_ready(state)
@@ -98,8 +106,21 @@ def train_main(argv):
     times.append(time.perf_counter() - t)
   total = time.perf_counter() - t_all
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
-  loss = float(m["loss_sum"] / m["num_predictions"])
+  return dict(compile_s=compile_s, times=times, total=total, faults=faults,
+              loss=float(m["loss_sum"] / m["num_predictions"]))
 
+
+def train_main(argv):
+  args = _parse(argv)
+  import jax
+  from mlm_jax import flops, masking, sharding
+
+  kept = runtime.keep_freed_memory()   # as the training binary does on CPU
+  devices = jax.devices()[:args.devices]
+  c, impl_reason = _config(args, devices[0].platform)
+  mesh = sharding.make_mesh(c.mesh, devices)
+  r = _timed_steps(c, mesh, _batches(args), args)
+  b, s, times, total = args.batch, args.seq_len, r["times"], r["total"]
   tokens_per_sec = b * s * args.steps / total
   slots = masking.max_predictions(c.masking, s)
   fpt = flops.flops_per_token(c.model, s, slots)
@@ -110,12 +131,12 @@ def train_main(argv):
       attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, scan_layers=args.scan_layers,
       remat=args.remat,
       tokens_per_sec=tokens_per_sec, steps_per_sec=args.steps / total,
-      step_time_median_s=statistics.median(times), step_time_min_s=min(times), compile_s=compile_s,
+      step_time_median_s=statistics.median(times), step_time_min_s=min(times), compile_s=r["compile_s"],
       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
-      mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=loss,
-      keep_freed_memory=kept, page_faults_per_step=faults / args.steps, versions=dict(jax=jax.__version__),
+      mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=r["loss"],
+      keep_freed_memory=kept, page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
   )
   print(json.dumps(result))
 
