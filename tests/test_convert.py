@@ -171,7 +171,7 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
   src = _save_hf(model, tmp_path / "hf", spm["xlmr"])
   assert convert_checkpoint.main(["from_hf", f"--hf_dir={src}", f"--out={tmp_path / 'ours'}"]) == 0
   assert f"--config.init_from={tmp_path / 'ours'}" in capsys.readouterr().out   # all it takes to continue
-  from mlm_jax import checkpoint
+  from mlm_jax import workdir as workdir_lib
   assert workdir_lib.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
   assert convert_checkpoint.main(["to_hf", f"--workdir={tmp_path / 'ours'}", f"--out={tmp_path / 'back'}"]) == 0
   assert "(modernbert, step 0)" in capsys.readouterr().out

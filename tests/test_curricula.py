@@ -55,7 +55,7 @@ def test_mask_rate_schedule_slots_sized_for_max_and_rate_applied():
   cfg.update(mask_rate=0.15, mask_rate_schedule=("0:0.3", "10:0.15", "20:0.05"), mask_id=99, special_ids=(0, 1, 2))
   assert masking.max_predictions(cfg, 128, "cpu") == 39   # ceil(0.3 * 128): the schedule's maximum
   cfg.max_predictions = 39                                 # as resolve.bind_platform writes it
-  from mlm_jax.step import MLM
+  from mlm_jax.objectives.mlm import MLM
   config = ml_collections.ConfigDict(dict(masking=cfg, model=dict(vocab_size=100)))
   objective = MLM(config)
   ids = jnp.asarray(np.random.default_rng(0).integers(3, 99, (4, 128)), jnp.int32)

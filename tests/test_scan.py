@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mlm_jax import scan_layout, sharding, step, workdir as workdir_lib
+from mlm_jax import scan_layout, sharding, workdir as workdir_lib
 from mlm_jax.model import abstract_model
 from mlm_jax.convert import hf
 from mlm_jax.defaults import default_config

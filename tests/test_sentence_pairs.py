@@ -212,7 +212,7 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
       assert abs(again[s][k] - lines[s][k]) <= 1e-5, (s, k, again[s][k], lines[s][k])
 
   from flax import nnx
-  from mlm_jax import checkpoint
+  from mlm_jax import workdir as workdir_lib
   from mlm_jax.convert import checkpoint_io
   out = tmp_path / "hf"
   summary = checkpoint_io.to_hf(str(full), str(out))

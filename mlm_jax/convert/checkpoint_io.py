@@ -11,7 +11,7 @@
 * `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R / ModernBERT masked LM (safetensors, or a
   pytorch_model.bin read with `torch.load(weights_only=True)`) -> OUT/config.json, an orbax
   checkpoint at OUT/checkpoints/0 whose 'state' item has our `params` subtree (what
-  `config.init_from` / `checkpoint.load_params` reads) and OUT/tokenizer/ with the folder's
+  `config.init_from` / `workdir.restore_params_for` reads) and OUT/tokenizer/ with the folder's
   tokenizer: spm.model for a sentencepiece model (ours, or XLM-R's fairseq one in our id order),
   the folder's own tokenizer files for WordPiece (BERT) and byte-level BPE (RoBERTa).
 
