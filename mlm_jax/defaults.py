@@ -14,6 +14,7 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t = ml_collections.ConfigDict()
   t.steps = 1000
   t.batch_size = 32              # global, in sequences
+  # Cadences in steps; 0 = never, except at the last step (a run always logs, evaluates and saves it).
   t.log_every = 50
   t.eval_every = 500
   t.eval_batches = 20            # pretraining: held-out global batches per evaluation

@@ -63,3 +63,48 @@ def test_sigterm_during_an_input_stall_exits_without_a_newer_checkpoint(tmp_path
   assert steps and max(steps) == 4, steps   # saved every 2 steps; step 6 waits for batch 5 forever
   logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert max(logged) == 5
+
+
+def test_zero_cadences_and_an_error_at_the_end_keep_the_saved_checkpoint(tmp_path):
+  """log/eval/save_every=0 mean 'only at the last step'; an evaluation that fails there (a store
+  without eval documents) still lets the asynchronous save of step 2 finish: saved work is not lost."""
+  import jax
+  import numpy as np
+  import pytest
+  from mlm_jax import loop, resolve, sharding, step
+  from mlm_jax.defaults import default_config
+  from mlm_jax.errors import DataError
+
+  c = default_config()
+  c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                 max_position_embeddings=16)
+  c.data.seq_len = 16
+  c.train.update(steps=4, batch_size=2, log_every=0, eval_every=0, save_every=2)
+  config, _ = resolve.resolve_for_compile(c)
+  trainer = step.make_trainer(config, sharding.make_mesh(config.mesh, devices=jax.devices()[:1]))
+  evaluated = []
+
+  class Tokens:
+    def batch(self, i):
+      ids = np.random.default_rng(i).integers(4, 63, (2, 16)).astype(np.int32)
+      return dict(input_ids=ids, segment_ids=np.ones_like(ids), word_starts=np.ones_like(ids),
+                  positions=np.tile(np.arange(16, dtype=np.int32), (2, 1)))
+
+    def get_state(self):
+      return {}
+
+    def set_state(self, state):
+      pass
+
+  def failing_eval(params, at):
+    evaluated.append(at)
+    raise DataError("no eval documents")
+
+  with pytest.raises(DataError):
+    loop.Loop(trainer, str(tmp_path), Tokens(), failing_eval, trainer.init, tokens_per_example=16,
+              flops_per_token=1.0).run()
+  assert evaluated == [4]
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
+  assert (tmp_path / "checkpoints" / "2" / "commit_success.txt").exists()
+  logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert logged == [4]
