@@ -20,6 +20,7 @@ import ml_collections
 
 from mlm_jax import optim, sharding
 from mlm_jax.objectives import registry
+from mlm_jax.objectives.interface import Objective
 
 
 @struct.dataclass
@@ -43,7 +44,7 @@ class Trainer:
   init: Callable         # () -> TrainState, created directly in its sharded layout
   train_step: Callable   # (state, batch, key) -> (state, metric sums)
   eval_step: Callable    # (params, batch, key) -> the objective's eval output (MLM: metric sums)
-  objective: Any
+  objective: Objective   # or fine-tuning's heads.TaskObjective (the step's part of the interface only)
 
 
 def _microbatches(batch, n):
@@ -74,7 +75,7 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
 
 
 def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
-                 objective=None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
+                 objective: Objective | None = None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
   """Init, shardings and the jitted steps for a model and an objective (default: `config.objective`'s,
   from objectives/registry.py, and the model it makes; fine-tuning passes its task head and model)."""
   mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
