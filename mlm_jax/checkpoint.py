@@ -131,6 +131,8 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     # Resolved for the accelerator that trained it; a model built from it here (inference, conversion,
     # fine-tuning) picks the implementation of this host's platform again.
     config.model.attention_impl = "auto"
+  if "data" in config and "packing_fit" not in config.data:
+    config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
   return config
 
 

@@ -222,7 +222,7 @@ def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
     pipeline.Pipeline(cfg, other, 4, seed=0).set_state(state)
   # checkpoints written before the tokenizer's sha256 was part of the fingerprint still resume
   same = pipeline.Pipeline(cfg, tok, 4, seed=0)
-  same.set_state(dict(state, fingerprint=same._fingerprints[1]))
+  same.set_state(dict(state, fingerprint=same._fingerprints(same.fit)[1]))
 
 
 def test_hosts_cover_the_epoch(shared_data, tok):

@@ -43,7 +43,9 @@ from mlm_jax.data.sources import DataError, split_named
 FEATURES = store_batch.FEATURES
 PERMUTE_BLOCK = 4096
 STATE_VERSION = 1
-# Fields of config.data that decide the store stream (the rest only matter to prepare/streaming).
+# Fields of config.data that decide the store stream (the rest only matter to prepare/streaming);
+# packing_fit and packing_window are added by StorePipeline._key (a state without packing_fit is
+# from before best-fit: it reads as 'next').
 _KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes", "mix_alpha_schedule",
                "source_start_steps")
 
@@ -80,17 +82,20 @@ def make_pipeline(data_config, tokenizer, batch_size_local: int, seed: int,
 class _Stream:
   """One source of one store, in one split: its documents and packing index."""
 
-  def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir):
+  def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir,
+               fit="next", window=0):
     self.label, self.store, self.name, self.split = label, store, name, split
     self._init_order(seed, salt)
     lens = store.lengths(name, split)
     key = dict(store=store.fingerprint, source=name, split=split, seq_len=seq_len,
                packing=packing, seed=seed if split == "train" else None)
+    if store_index.index_version(packing, fit) > 1:   # next-fit keeps the key (and cache) it had
+      key.update(fit=fit, window=window, fit_version=store_index.index_version(packing, fit))
 
     def make():
       n = np.arange(lens.size, dtype=np.int64)
       order = store_index.permute(n, seed, salt, -1, lens.size) if split == "train" else n
-      return store_index.build(lens, seq_len, packing, order)
+      return store_index.build(lens, seq_len, packing, order, fit, window)
 
     self.index = store_index.load_or_build(cache_dir, key, make)
     self.index_dir = store_index.index_folder(cache_dir, key)
@@ -152,17 +157,15 @@ class StorePipeline:
     self.config, self.seed, self.split = c, seed, split
     self.batch_size, self.process_index, self.process_count = batch_size, process_index, process_count
     self.seq_len, self.packing = c.seq_len, c.packing
-    cache_dir = cache_dir or store_index.default_cache_dir()
-    self.streams = self._open(c, seed, cache_dir)
-    tok = self.streams[0].store.manifest["tokenizer"]
-    self.pad_id, self.bos_id, self.eos_id = tok["pad_id"], tok["bos_id"], tok["eos_id"]
-    if split == "train":
-      self._init_mixing(c)
-    else:
-      self._eval_ends = np.cumsum([s.rows for s in self.streams])
+    # A config without packing_fit (an older config.json) packs as runs before best-fit did.
+    self.fit, self.window = c.get("packing_fit", "next"), int(c.get("packing_window", 256))
+    if self.fit not in ("best", "next") or self.window < 1:
+      raise DataError(f"data.packing_fit={self.fit!r}, data.packing_window={self.window}: expected "
+                      "'best' or 'next' and a window of at least 1 open row")
+    self._cache_dir = cache_dir or store_index.default_cache_dir()
+    self._open_streams()
     self._rows = 0
     self._tokens = np.zeros(len(self.streams), np.int64)
-    self._assembler = self._make_assembler()
     # Training batches in worker processes, `prefetch` (at least 2 per worker) started ahead; with
     # none, each batch is built in this process when asked (a thread would only share the GIL with
     # the training step's dispatch). The eval split is small and read now and then: in-process.
@@ -172,6 +175,18 @@ class StorePipeline:
     self._ahead = (_Ahead(self._submit, batch_size * process_count, depth) if self._num_workers else None)
 
   # -- setup -------------------------------------------------------------------------------
+  def _open_streams(self) -> None:
+    """Streams, mixing and assembler for the config and self.fit (set_state may change the fit)."""
+    c = self.config
+    self.streams = self._open(c, self.seed, self._cache_dir)
+    tok = self.streams[0].store.manifest["tokenizer"]
+    self.pad_id, self.bos_id, self.eos_id = tok["pad_id"], tok["bos_id"], tok["eos_id"]
+    if self.split == "train":
+      self._init_mixing(c)
+    else:
+      self._eval_ends = np.cumsum([s.rows for s in self.streams])
+    self._assembler = self._make_assembler()
+
   def _open(self, c, seed, cache_dir):
     if c.tokenizer:
       want = {store_lib.Store(store_lib.parse_store_spec(split_named(e)[1])[0]).root
@@ -201,7 +216,8 @@ class StorePipeline:
     return streams
 
   def _stream(self, label, store, name, c, seed, salt, cache_dir):
-    return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir)
+    return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir,
+                   self.fit, self.window)
 
   def _init_mixing(self, c):
     from mlm_jax.data.pipeline import mixing_weights
@@ -329,7 +345,9 @@ class StorePipeline:
     c = self.config
     key = {f: (list(c[f]) if isinstance(c[f], (tuple, list)) else c[f]) for f in _KEY_FIELDS}
     key.update(seed=self.seed, split=self.split, mix_block=store_index.MIX_BLOCK,
-               index_version=store_index.INDEX_VERSION)
+               index_version=store_index.index_version(self.packing, self.fit), packing_fit=self.fit)
+    if self.fit == "best":
+      key["packing_window"] = self.window
     if self.split == "train" and schedules.has_data_schedule(c):
       key["global_batch"] = self.batch_size * self.process_count   # phases are in steps
     return key
@@ -347,6 +365,7 @@ class StorePipeline:
     if state.get("kind") != "store":
       raise DataError("cannot resume from a streaming-pipeline data state with a token store "
                       "(data.sources changed from text to store:)")
+    self._adopt_fit(state)
     mine = self.get_state()
     for label, fp in state["stores"].items():
       if mine["stores"].get(label) != fp:
@@ -360,6 +379,21 @@ class StorePipeline:
                         "now), so the saved position names other rows")
     self._rows = int(state["rows"])
     self._tokens[:] = [state.get("tokens_local", {}).get(s.label, 0) for s in self.streams]
+
+  def _adopt_fit(self, state: dict) -> None:
+    """A state saved before data.packing_fit existed continues with the next-fit rows it started on,
+    whatever the config's default now says (a state that names its fit must match it, as seq_len must)."""
+    if "packing_fit" in state.get("config", {}) or self.fit == "next":
+      return
+    logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
+                    "packing, the rows this run started on (a new run packs by best-fit)")
+    self.fit = "next"
+    if self._workers is not None:
+      self._workers.close()
+      self._workers = None
+    if self._ahead:
+      self._ahead.drop()
+    self._open_streams()
 
   def stats(self) -> dict:
     """Per source: global rows and epochs consumed, real tokens this process read."""
