@@ -371,7 +371,7 @@ class StorePipeline:
       if mine["stores"].get(label) != fp:
         raise DataError(f"cannot resume: store of source {label!r} differs from the checkpoint "
                         f"(manifest fingerprint {fp} saved, {mine['stores'].get(label)} now)")
-    for k, v in state["config"].items():
+    for k, v in sorted(state["config"].items(), key=lambda kv: kv[0] == "index_version"):  # the cause first
       if mine["config"].get(k) != v:
         what = (k if k in ("seed", "split", "mix_block", "index_version") else
                 "train.batch_size (data phases are in steps)" if k == "global_batch" else f"data.{k}")
