@@ -282,3 +282,31 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
     for m, t in zip(ours["masks"], theirs):
       assert [p["id"] for p in m["predictions"]] == [p["token"] for p in t], (kind, text)
       np.testing.assert_allclose([p["probability"] for p in m["predictions"]], [p["score"] for p in t], rtol=1e-4)
+
+
+def test_store_and_streaming_give_the_same_bpe_ids_for_multi_line_documents(shared_data, folders, tmp_path):
+  """Byte-level BPE: prepare encodes a paragraph's later lines as ' ' + line, as the streaming path
+  sees them (lines joined with spaces), so both paths give the same ids; pinned in prepare.json."""
+  import json
+  from mlm_jax.data import pipeline, prepare, store as store_lib
+  tok = tokenizer.load(folders["bpe"])
+  lines = [l.split("\t")[1] for l in _lines(shared_data / EN, 40)]
+  paragraphs = ["\n".join(lines[i:i + 3]) for i in range(0, 30, 3)]
+  src = tmp_path / "en.txt"
+  src.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
+  root = str(tmp_path / "store")
+  opts = prepare.Options(sources=(f"en={src}",), tokenizer=folders["bpe"], doc_format="blank_line", eval_percent=0.0)
+  prepare.prepare(opts, root, progress_s=1e9, log=lambda s: None)
+  assert json.loads((tmp_path / "store" / "prepare.json").read_text())["later_lines"] == "space_prefixed"
+  st = store_lib.Store(root)
+  stored = [d.ids.tolist() for d in st.read("en", "train", np.arange(st.lengths("en", "train").size))]
+  c = data_config.data_defaults()
+  c.update(dict(sources=(f"en={src}",), doc_format="blank_line", seq_len=512, eval_percent=0.0,
+                shuffle_buffer=0, shuffle_files=False))
+  streamed = []
+  for b in pipeline.build_dataset(c, tok, 4, 0, repeat=False).as_numpy_iterator():
+    for ids, seg in zip(b["input_ids"], b["segment_ids"]):
+      streamed += [ids[seg == s][1:-1].tolist() for s in np.unique(seg[seg > 0])]
+  assert len(stored) == 10 and sorted(stored) == sorted(streamed)
+  joined = [tok.encode(" ".join(p.split("\n"))) for p in paragraphs]
+  assert sorted(joined) == sorted(stored)

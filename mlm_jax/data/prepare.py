@@ -50,11 +50,14 @@ class Options:
   tfds_data_dir: str = ""
   strict: bool = False
 
-  def key(self, tokenizer_sha256: str) -> dict:
-    return dict(format_version=store_lib.FORMAT_VERSION, sources=list(self.sources),
-                tokenizer_sha256=tokenizer_sha256, doc_format=self.doc_format,
-                eval_percent=self.eval_percent, max_line_bytes=self.max_line_bytes,
-                tfds_units=TFDS_UNITS)
+  def key(self, tokenizer_sha256: str, family: str = "") -> dict:
+    key = dict(format_version=store_lib.FORMAT_VERSION, sources=list(self.sources),
+               tokenizer_sha256=tokenizer_sha256, doc_format=self.doc_format,
+               eval_percent=self.eval_percent, max_line_bytes=self.max_line_bytes,
+               tfds_units=TFDS_UNITS)
+    if family == "bpe":   # pinned: a prepare begun before this encoding cannot be finished with it
+      key["later_lines"] = "space_prefixed"
+    return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +109,10 @@ class _Encoder:
     self.after_space = None if after is None else np.asarray(after, np.int32)
     self.dtype = store_lib.id_dtype(tok.vocab_size)
     self.eval_buckets = int(round(eval_percent * 100))
+    # Byte-level BPE marks a word after a space ('Ġ'), and the streaming path joins a document's
+    # lines with spaces: a later line is encoded as ' ' + line so that both paths give the same ids.
+    # (sentencepiece and WordPiece give the same ids either way.)
+    self.space_lines = tok.family == "bpe"
 
   def in_eval(self, keys: Sequence) -> np.ndarray:
     if self.eval_buckets <= 0 or not keys:
@@ -115,7 +122,7 @@ class _Encoder:
 
   def records(self, docs: list) -> list:
     """[[line, ...]] -> [(record bytes, n_tokens) or None for a document without tokens]."""
-    flat = [line for d in docs for line in d]
+    flat = [" " + line if j and self.space_lines else line for d in docs for j, line in enumerate(d)]
     ids = self.tok.encode_batch(flat)
     out, i = [], 0
     for d in docs:
@@ -281,7 +288,7 @@ def _pin_options(root: str, opts: Options, tok: tokenizer_lib.Tokenizer) -> str:
     if not os.path.exists(path):
       _write_atomic(path, lambda t, data=data: _write_bytes(t, data))
   sha = tok.sha256
-  key = opts.key(sha)
+  key = opts.key(sha, tok.family)
   pinned = os.path.join(root, "prepare.json")
   if not os.path.exists(pinned):
     _write_atomic(pinned, lambda t: _write_json(t, key))
@@ -378,7 +385,7 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
                for n in sorted(os.listdir(os.path.join(root, store_lib.TOKENIZER_DIR)))
                if ".tmp-" not in n}
   manifest = dict(
-      format_version=store_lib.FORMAT_VERSION, options=opts.key(sha),
+      format_version=store_lib.FORMAT_VERSION, options=opts.key(sha, tok.family),
       tokenizer=dict(model=f"{store_lib.TOKENIZER_DIR}/{tok.main_file}", sha256=sha, family=tok.family,
                      files=tok_files, vocab_size=tok.vocab_size, layout=tok.layout,
                      pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
