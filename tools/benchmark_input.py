@@ -15,7 +15,9 @@ Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, the tokenizer
 sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
 segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
 steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
-second (what the train step consumes); real_tokens_per_sec leaves padding out.
+second (what the train step consumes); real_tokens_per_sec leaves padding out;
+real_fraction_by_source (and store_real_fraction_by_source) is each source's share of slots that
+hold a real token.
 
 Peer in the same run: a plain Python loop of the tokenizer's encode (one call per document, the
 same documents, already in memory) + concatenation into seq_len blocks + transformers'
@@ -74,7 +76,21 @@ def _bench_pipeline(args, cfg, tok):
   slots = args.batches * args.batch_size * cfg.seq_len
   return dict(tokens_per_sec=slots / dt, real_tokens_per_sec=real / dt,
               batches_per_sec=args.batches / dt, timed_batches=args.batches,
-              timed_s=dt, warmup_s=warm_s, fill=real / slots, stats=it.stats())
+              timed_s=dt, warmup_s=warm_s, fill=real / slots, stats=it.stats(),
+              real_fraction_by_source=_real_by_source(args, cfg, tok))
+
+
+def _real_by_source(args, cfg, tok) -> dict:
+  """The share of row slots that hold a real token, per source, over --batches batches (untimed)."""
+  import numpy as np
+  from mlm_jax.data import pipeline, sources
+  names = [src.name for src in sources.parse_sources(cfg.sources, cfg.tfds_data_dir)]
+  ds = pipeline.build_dataset(cfg, tok, args.batch_size, seed=0, with_source=True).take(args.batches)
+  real, rows = np.zeros(len(names)), np.zeros(len(names))
+  for b in ds.as_numpy_iterator():
+    np.add.at(real, b["source"], (b["segment_ids"] > 0).sum(axis=1))
+    np.add.at(rows, b["source"], 1)
+  return {n: float(r / (k * cfg.seq_len)) for n, r, k in zip(names, real, rows) if k}
 
 
 def _bench_store(args, cfg):
@@ -105,7 +121,8 @@ def _bench_store(args, cfg):
         fresh.set_state(dict(state, rows=b * args.batch_size))
         next(fresh)
         resume[f"batch_{b}"] = time.perf_counter() - t0
-      out.update(store_index_build_s=build_s, store_resume_first_batch_s=resume)
+      out.update(store_index_build_s=build_s, store_resume_first_batch_s=resume,
+                 store_real_fraction_by_source={k: v["real_fraction"] for k, v in it.stats()["sources"].items()})
   return out
 
 

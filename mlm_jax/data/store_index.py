@@ -63,12 +63,23 @@ def index_version(packing: str, fit: str) -> int:
   return _FIT_VERSION[fit] if packing == "segmented" else 1
 
 
-def _best_fit(wrapped: np.ndarray, seq_len: int, window: int):
-  """(row of each item, row count) for best-fit packing of items of these lengths (<= seq_len);
-  rows are numbered in the order they were opened."""
+def _best_fit(wrapped: np.ndarray, seq_len: int, window: int) -> np.ndarray:
+  """The row of each item of a best-fit packing of items of these lengths (<= seq_len), rows
+  numbered 0.. in the order they were opened.
+
+  The rows still open when the items run out (up to `window`, often half full: a few % of a small
+  source's rows) are packed again, their items longest first (best-fit decreasing, which fills
+  rows nearly completely when the sizes vary): offline, the index can see the end coming.
+  """
   from mlm_jax.data import best_fit
-  _, _, rows, _ = best_fit.Window(seq_len, window).place(wrapped.tolist())
-  return np.frombuffer(rows, np.int64)
+  win = best_fit.Window(seq_len, window)
+  rows = np.frombuffer(win.place(wrapped.tolist())[2], np.int64).copy()
+  tail = np.nonzero(np.isin(rows, [win.row[k] for k in win.open_slots()]))[0]
+  if tail.size > 1:
+    by_size = tail[np.argsort(-wrapped[tail], kind="stable")]
+    again = best_fit.Window(seq_len, tail.size).place(wrapped[by_size].tolist())[2]
+    rows[by_size] = win.rows + np.frombuffer(again, np.int64)
+  return np.unique(rows, return_inverse=True)[1].reshape(-1)   # rows 0.., no gaps
 
 
 def _segmented(order, lens, seq_len, fit="next", window=0):

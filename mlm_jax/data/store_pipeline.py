@@ -396,7 +396,8 @@ class StorePipeline:
     self._open_streams()
 
   def stats(self) -> dict:
-    """Per source: global rows and epochs consumed, real tokens this process read."""
+    """Per source: global rows and epochs consumed, real tokens this process read, and the share of
+    its rows' slots that hold a real token (BOS/EOS included; exact over an epoch)."""
     out, extra = {}, {}
     if self.split == "train":
       rows = self.consumed(self._rows)
@@ -410,7 +411,8 @@ class StorePipeline:
     for i, s in enumerate(self.streams):
       out[s.label] = dict(rows=int(rows[i]), epochs=float(rows[i]) / s.rows if s.rows else 0.0,
                           tokens_local=int(self._tokens[i]),
-                          tokens=int(round(rows[i] * s.tokens_per_row)))
+                          tokens=int(round(rows[i] * s.tokens_per_row)),
+                          real_fraction=s.tokens_per_row / self.seq_len)   # of its rows' slots, per epoch
       if self.split == "train":
         out[s.label]["weight"] = float(weights[i])
     return dict(rows=self._rows, sources=out, **extra)
