@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data import prepare
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import store_index
-from mlm_jax.data import store_pipeline
-from mlm_jax.data import tokenizer
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import prepare
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import index as store_index
+from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import DataError
 
 DE = "corpus/de/gutenberg_kalamine/*.txt.gz"                    # 3 books, BOM + CRLF
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -24,7 +24,7 @@ EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
 @pytest.fixture(scope="session")
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("store_tok")
-  return tokenizer.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
+  return tokenizer_train.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
                          str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
                          input_sentence_size=4000, verbose=False)
 
@@ -51,7 +51,7 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _pipe(c, tmp_path, batch=8, **kw):
-  return store_pipeline.make_pipeline(c, None, batch, seed=kw.pop("seed", 3),
+  return store_pipeline.StorePipeline(c, batch, seed=kw.pop("seed", 3),
                                       cache_dir=str(tmp_path / "index"), **kw)
 
 

@@ -1,223 +1,38 @@
-"""One tokenizer interface over three families, `load(path)`, and sentencepiece training.
-
-Every consumer (the tf.data pipeline, prepare, fine-tuning features, the conversion, fill-mask
-and evaluation tools) goes through `load(path) -> Tokenizer`, so special ids and the word-start
-rule are decided in exactly one place per family:
-
-* sentencepiece (`tokenizer_spm.py`): a `.model` file, its special ids in the JSON written next
-  to it at training time (`<prefix>.special_ids.json`) or inferred from its pieces. Word starts:
-  pieces beginning with `▁`. Tokenized in-graph by tensorflow_text on the streaming path.
-* WordPiece (BERT) and byte-level BPE (RoBERTa / GPT-2) (`tokenizer_hf.py`): a transformers
-  folder's `tokenizer.json` (or `vocab.txt`, or `vocab.json` + `merges.txt`) run by Hugging Face
-  `tokenizers` itself, special tokens from `tokenizer_config.json` / `special_tokens_map.json`.
-  Word starts: pieces without the `##` continuation prefix (WordPiece), pieces beginning with
-  `Ġ` and the piece after a whitespace piece such as a tab (byte-level BPE, `after_space_table`);
-  the first piece of a document or line is a word start for every family.
-
-`load` accepts a `.model`, a `tokenizer.json`, a `vocab.txt`, or a folder holding one of them:
-our `spm.model` first, then XLM-R's fairseq `sentencepiece.bpe.model` (converted to our id order),
-then `tokenizer.json` (what AutoTokenizer uses), then `vocab.txt`, then `vocab.json` + `merges.txt`.
-
-Two special-token layouts, which decide how sentence pairs are joined (tasks/features.py):
-
-* `xlmr` (also RoBERTa): `<s> A </s></s> B </s>`. Our sentencepiece models: `<s>`=0, `<pad>`=1,
-  `</s>`=2, `<unk>`=3, ..., `<mask>`=vocab_size-1. SentencePiece puts user/control symbols right
-  after its reserved ids, so `<mask>` cannot be made last by a trainer flag: we train
-  vocab_size-1 pieces and append `<mask>` to the ModelProto as a CONTROL piece (control pieces
-  are never produced from text, in the Python processor and in tensorflow_text alike).
-* `bert`: `[CLS] A [SEP] B [SEP]`; our sentencepiece models: `[PAD]`=0, `[UNK]`=1, `[CLS]`=2,
-  `[SEP]`=3, `[MASK]`=4. `bos_id`/`eos_id` mean CLS/SEP in this layout.
+"""Sentencepiece training with language-balanced sampling, in our special-token layouts.
 
 Multilingual sampling (`train`): corpora are grouped into languages; each language i with n_i
 lines gets a share q_i = n_i^alpha / sum_j n_j^alpha of the sentences fed to the trainer (XLM-R
 uses alpha=0.3), upsampling small languages with repetition, so that they get a fair part of
 the vocabulary instead of being drowned by the largest one.
+
+Layouts (base.py): SentencePiece puts user/control symbols right after its reserved ids, so
+XLM-R's `<mask>` cannot be made last by a trainer flag: we train vocab_size-1 pieces and append
+`<mask>` to the ModelProto as a CONTROL piece (control pieces are never produced from text, in
+the Python processor and in tensorflow_text alike). The bert layout's `[MASK]` is a control
+symbol at id 4.
 """
-import dataclasses
-import hashlib
+from __future__ import annotations
+
 import json
 import os
 import random
 import sys
 import tempfile
 import time
-from typing import Callable, ClassVar, Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax import choices, runtime
+from mlm_jax.data import specs as specs_lib
+from mlm_jax.data.tokenizers import base, load
 from mlm_jax.errors import DataError
 
-LAYOUTS = ("xlmr", "bert")
-FAMILIES = ("sentencepiece", "wordpiece", "bpe")
-_PIECES = {
-    "xlmr": dict(bos="<s>", pad="<pad>", eos="</s>", unk="<unk>", mask="<mask>"),
-    "bert": dict(bos="[CLS]", pad="[PAD]", eos="[SEP]", unk="[UNK]", mask="[MASK]"),
-}
 # Lines longer than this (bytes) are cut before training: sentencepiece silently drops them.
 _MAX_TRAIN_LINE_BYTES = 16384
 
 
-def special_ids_path(model_path: str) -> str:
-  base = model_path[:-len(".model")] if model_path.endswith(".model") else model_path
-  return base + ".special_ids.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Tokenizer:
-  """A loaded tokenizer of one family plus its special ids (immutable, cheap to pass around).
-
-  `model_path` is the file it was loaded from (`.model`, `tokenizer.json`, `vocab.txt`, ...).
-  Every method that encodes text returns ids without BOS/EOS: callers add the layout's own.
-  """
-  model_path: str
-  layout: str
-  vocab_size: int
-  pad_id: int
-  bos_id: int
-  eos_id: int
-  unk_id: int
-  mask_id: int
-  family: ClassVar[str] = ""
-
-  @property
-  def special_ids(self) -> tuple:
-    return tuple(sorted({self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id}))
-
-  @property
-  def mask_token(self) -> str:
-    """The mask token as written in text (`<mask>`, `[MASK]`)."""
-    return self.id_to_piece(self.mask_id)
-
-  @property
-  def mask_takes_left_space(self) -> bool:
-    """Whether the mask token absorbs the space before it in text (RoBERTa's `<mask>`, lstrip)."""
-    return False
-
-  def encode(self, text: str) -> list:
-    """Token ids of `text`, without BOS/EOS."""
-    return self.encode_batch([text])[0]
-
-  def encode_batch(self, texts: Sequence[str]) -> list:
-    raise NotImplementedError
-
-  def encode_words(self, words: Sequence[str]) -> list:
-    """Ids per word of a pre-split sentence (NER), each word as it reads inside the sentence."""
-    return self.encode_batch(words)
-
-  def encode_offsets(self, text: str) -> tuple:
-    """(ids, [(first char, end char)] per id) of `text` (QA answer spans)."""
-    raise NotImplementedError
-
-  def decode(self, ids) -> str:
-    raise NotImplementedError
-
-  def id_to_piece(self, i: int) -> str:
-    raise NotImplementedError
-
-  def piece_to_id(self, piece: str) -> int:
-    raise NotImplementedError
-
-  def normalize(self, text: str) -> str:
-    raise NotImplementedError
-
-  def word_start_table(self) -> list:
-    """Per id: 1 if the piece starts a word (or is special), else 0."""
-    raise NotImplementedError
-
-  def after_space_table(self):
-    """Per id: 1 if the piece ends in whitespace, so the next piece starts a word; None if no piece does.
-
-    Byte-level BPE spells a tab or newline as a piece of its own ('ĉ', 'Ċ') and the word after it
-    has no 'Ġ'; sentencepiece and WordPiece never end a piece in whitespace.
-    """
-    return None
-
-  def tf_tokenize(self) -> Callable:
-    """A function: tf.string [n] -> tf.RaggedTensor int32 [n, None] of ids (tf.data maps)."""
-    raise NotImplementedError
-
-  def files(self) -> dict:
-    """{file name: bytes}: the files that define this tokenizer, to copy next to a store or a model.
-
-    The folder they are written to loads (`load(folder)`) as this same tokenizer.
-    """
-    raise NotImplementedError
-
-  @property
-  def main_file(self) -> str:
-    """The name among `files()` that `load` takes as the tokenizer's path."""
-    raise NotImplementedError
-
-  @property
-  def sha256(self) -> str:
-    """Identity of the vocabulary and the encoding rules (a store records it)."""
-    files = self.files()
-    if len(files) == 1 or self.family == "sentencepiece":
-      return hashlib.sha256(files[self.main_file]).hexdigest()
-    h = hashlib.sha256()
-    for name in sorted(files):
-      h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
-    return h.hexdigest()
-
-
-def load(path: str) -> Tokenizer:
-  """The tokenizer at `path`: a `.model`, `tokenizer.json`, `vocab.txt`, or a folder of one."""
-  from mlm_jax.data import tokenizer_hf, tokenizer_spm
-  path = str(path)
-  if _isdir(path):
-    for name in (tokenizer_spm.SPM_FILE, tokenizer_spm.FAIRSEQ_FILE):
-      if _exists(os.path.join(path, name)):
-        return tokenizer_spm.load(os.path.join(path, name))
-    found = tokenizer_hf.main_file_in(path)
-    if found is None:
-      raise DataError(f"tokenizer folder {path} holds none of {tokenizer_spm.SPM_FILE}, "
-                      f"{tokenizer_spm.FAIRSEQ_FILE}, {', '.join(tokenizer_hf.MAIN_FILES)}")
-    return tokenizer_hf.load(os.path.join(path, found))
-  name = os.path.basename(path)
-  if name.endswith(".json") or name.endswith(".txt"):
-    return tokenizer_hf.load(path)
-  return tokenizer_spm.load(path)
-
-
-def sha256_of(path: str) -> str:
-  """`load(path).sha256`, without loading a sentencepiece `.model` file (its bytes are its identity)."""
-  name = os.path.basename(path)
-  if not _isdir(path) and not (name.endswith(".json") or name.endswith(".txt")) and name != "sentencepiece.bpe.model":
-    try:
-      return hashlib.sha256(read_bytes(path)).hexdigest()
-    except OSError as e:
-      raise DataError(f"cannot read tokenizer {path}: {e.strerror or e.__class__.__name__}") from None
-  return load(path).sha256
-
-
-def _isdir(path: str) -> bool:
-  if "://" in path:
-    import tensorflow as tf
-    return tf.io.gfile.isdir(path)
-  return os.path.isdir(path)
-
-
-def _exists(path: str) -> bool:
-  if "://" in path:
-    import tensorflow as tf
-    return tf.io.gfile.exists(path)
-  return os.path.exists(path)
-
-
-def read_bytes(path: str) -> bytes:
-  if "://" in path:
-    import tensorflow as tf  # only for remote paths (gs://...)
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  with open(path, "rb") as f:
-    return f.read()
-
-
-# ------------------------------------------------------------------------------------------
-# Training
-# ------------------------------------------------------------------------------------------
 def language_groups(inputs: Union[Sequence[str], Mapping[str, str]]) -> dict:
   """Groups input specs into languages: {name: [spec, ...]}.
 
@@ -225,21 +40,20 @@ def language_groups(inputs: Union[Sequence[str], Mapping[str, str]]) -> dict:
   A bare glob is split into one group per value of its first wildcard path component, so
   `corpus/*/*.gz` yields one group per language folder.
   """
-  from mlm_jax.data import sources  # TensorFlow only when training
   if isinstance(inputs, Mapping):
     return {k: [v] for k, v in inputs.items()}
   groups = {}
   for item in inputs:
-    name, spec = sources.split_named(item)
+    name, spec = specs_lib.split_named(item)
     if name:
       groups.setdefault(name, []).append(spec)
       continue
-    parsed = sources.parse_spec(spec)
+    parsed = specs_lib.parse_spec(spec)
     kind, pattern = parsed.kind, parsed.pattern
     if kind not in ("text", "tsv"):
       groups.setdefault(spec, []).append(spec)
       continue
-    for path in sources.list_files(pattern, owner=spec):
+    for path in specs_lib.list_files(pattern, owner=spec):
       groups.setdefault(_wildcard_key(pattern, path), []).append(
           spec.replace(pattern, _glob_escape(path)))
   return groups
@@ -272,11 +86,11 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
           num_threads: int = 0,
           verbose: bool = True,
           log: Optional[Callable[[str], None]] = None,
-          spm_log: Optional[str] = "") -> Tokenizer:
+          spm_log: Optional[str] = "") -> base.Tokenizer:
   """Trains a sentencepiece model with language-balanced sampling; returns it loaded.
 
   Args:
-    inputs: corpora, see `language_groups` (specs as in `sources`: text globs, `tsv:FIELD:GLOB`).
+    inputs: corpora, see `language_groups` (specs as in `data.sources`: text globs, `tsv:FIELD:GLOB`).
     out_prefix: writes `<out_prefix>.model`, `.vocab` and `.special_ids.json`.
     vocab_size: total size including every special token.
     layout: 'xlmr' (also RoBERTa) or 'bert'.
@@ -334,9 +148,9 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
   ids["languages"] = {k: dict(lines=counts[k], weight=weights[k] / total_w) for k in counts}
   ids["alpha"] = alpha
   model_path = out_prefix + ".model"
-  with open(special_ids_path(model_path), "w", encoding="utf-8") as f:
+  with open(base.special_ids_path(model_path), "w", encoding="utf-8") as f:
     json.dump(ids, f, indent=1, sort_keys=True)
-  tok = load(model_path)
+  tok = load.load(model_path)
   assert tok.vocab_size == vocab_size, (tok.vocab_size, vocab_size)
   log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {layout}, "
       f"specials {tok.special_ids})")
@@ -361,7 +175,7 @@ def _write_mixture(samples: dict, q: dict, budget: int, rng, log) -> str:
 def _add_layout_pieces(out_prefix: str, layout: str, vocab_size: int) -> dict:
   """Appends XLM-R's <mask> as the last piece (model and .vocab); returns the layout's special ids."""
   model_path = out_prefix + ".model"
-  pieces = _PIECES[layout]
+  pieces = base.PIECES[layout]
   if layout == "xlmr":
     _append_control_piece(model_path, pieces["mask"])
     ids = dict(layout=layout, bos_id=0, pad_id=1, eos_id=2, unk_id=3, mask_id=vocab_size - 1)
@@ -374,10 +188,10 @@ def _add_layout_pieces(out_prefix: str, layout: str, vocab_size: int) -> dict:
 
 def _reservoir(specs, cap, rng):
   """(number of lines, uniform sample of at most `cap` of them) over all specs of a language."""
-  from mlm_jax.data import sources
+  from mlm_jax.data.text import sources  # TensorFlow, only when training
   n, keep = 0, []
   for spec in specs:
-    ds = sources.text_lines(sources.parse_spec(spec), owner=spec)
+    ds = sources.text_lines(specs_lib.parse_spec(spec), owner=spec)
     for raw in ds.as_numpy_iterator():
       line = raw.decode("utf-8").strip()
       if not line:
@@ -396,7 +210,7 @@ def _reservoir(specs, cap, rng):
 
 def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character_coverage,
                byte_fallback, num_threads, verbose, spm_log):
-  pieces = _PIECES[layout]
+  pieces = base.PIECES[layout]
   if layout == "xlmr":
     special = dict(bos_id=0, pad_id=1, eos_id=2, unk_id=3, control_symbols=[])
     n_pieces = vocab_size - 1  # <mask> is appended last afterwards
