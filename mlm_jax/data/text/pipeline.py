@@ -300,16 +300,20 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     for r in rows[1:]:
       mixed = mixed.concatenate(r)
 
-  if repeat:
-    batches = mixed.batch(batch_size, drop_remainder=True)
-  else:  # finite: keep the last rows, filled up with padding rows to a full batch
-    pad = tok.pad_id
+  return _batched(mixed, batch_size, c, tok.pad_id, repeat)
 
+
+def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) -> tf.data.Dataset:
+  """Rows -> batches of static shape, with the pipeline's tf.data options. A finite stream keeps
+  its last rows, filled up with padding rows to a full batch."""
+  if repeat:
+    batches = rows.batch(batch_size, drop_remainder=True)
+  else:
     def fill_up(b):
       n = batch_size - tf.shape(b["input_ids"])[0]
       return {k: tf.pad(v, [[0, n]] + [[0, 0]] * (len(v.shape) - 1),
                         constant_values=pad if k == "input_ids" else 0) for k, v in b.items()}
-    batches = mixed.batch(batch_size).map(fill_up)
+    batches = rows.batch(batch_size).map(fill_up)
   shape = [batch_size, c.seq_len]
   batches = batches.map(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)]) for k, v in b.items()})
 

@@ -113,19 +113,7 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
   if log is None:
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if verbose else (lambda s: None)
   rng = random.Random(seed)
-  groups = language_groups(inputs)
-  if not groups:
-    raise DataError("no tokenizer training inputs given")
-
-  counts, samples = {}, {}
-  for name, specs in sorted(groups.items()):
-    t0 = time.time()
-    n, keep = _reservoir(specs, max_sentences_per_language, rng)
-    if n == 0:
-      raise DataError(f"tokenizer input {name!r} ({', '.join(specs)}) has no text lines")
-    counts[name], samples[name] = n, keep
-    log(f"[tokenizer] read {name}: {n} lines ({len(keep)} kept) in {time.time() - t0:.1f}s")
-
+  counts, samples = _sample_languages(language_groups(inputs), max_sentences_per_language, rng, log)
   weights = {k: float(n) ** alpha for k, n in counts.items()}
   total_w = sum(weights.values())
   budget = min(input_sentence_size, sum(len(v) for v in samples.values()))
@@ -147,12 +135,31 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
   ids = _add_layout_pieces(out_prefix, layout, vocab_size)
   ids["languages"] = {k: dict(lines=counts[k], weight=weights[k] / total_w) for k in counts}
   ids["alpha"] = alpha
-  model_path = out_prefix + ".model"
+  return _write_special_ids(out_prefix + ".model", ids, vocab_size, log)
+
+
+def _sample_languages(groups: dict, cap: int, rng, log) -> tuple:
+  """({language: lines}, {language: a uniform sample of at most `cap` of its lines})."""
+  if not groups:
+    raise DataError("no tokenizer training inputs given")
+  counts, samples = {}, {}
+  for name, specs in sorted(groups.items()):
+    t0 = time.time()
+    n, keep = _reservoir(specs, cap, rng)
+    if n == 0:
+      raise DataError(f"tokenizer input {name!r} ({', '.join(specs)}) has no text lines")
+    counts[name], samples[name] = n, keep
+    log(f"[tokenizer] read {name}: {n} lines ({len(keep)} kept) in {time.time() - t0:.1f}s")
+  return counts, samples
+
+
+def _write_special_ids(model_path: str, ids: dict, vocab_size: int, log) -> base.Tokenizer:
+  """Writes `<prefix>.special_ids.json` beside the model; returns the model loaded with them."""
   with open(base.special_ids_path(model_path), "w", encoding="utf-8") as f:
     json.dump(ids, f, indent=1, sort_keys=True)
   tok = load.load(model_path)
   assert tok.vocab_size == vocab_size, (tok.vocab_size, vocab_size)
-  log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {layout}, "
+  log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {ids['layout']}, "
       f"specials {tok.special_ids})")
   return tok
 
