@@ -121,8 +121,8 @@ def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
       t = config.tokenizer
       logging.info("training a %d-piece %s tokenizer on %s", t.vocab_size, t.model_type, config.data.sources)
       tok_train.train(list(config.data.sources), path[:-len(".model")], vocab_size=t.vocab_size, layout=t.layout,
-                    model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
-                    seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
+                      model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
+                      seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
     sharding.sync_processes("tokenizer")
   elif not os.path.exists(path) and "://" not in path:
     raise ConfigError(f"data.tokenizer={path!r}: no such file or folder (expected a sentencepiece .model, a "

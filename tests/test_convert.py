@@ -49,7 +49,7 @@ def spm(shared_data, tmp_path_factory):
   out = {}
   for layout in ("xlmr", "bert"):
     tok = tokenizer_train.train([str(root / "text.txt")], str(root / layout), vocab_size=VOCAB, layout=layout,
-                          byte_fallback=False, character_coverage=1.0, verbose=False)
+                                byte_fallback=False, character_coverage=1.0, verbose=False)
     out[layout] = tok
   return out
 

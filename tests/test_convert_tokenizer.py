@@ -64,7 +64,7 @@ EDGE = ["  two   spaces  ", "tab\there", "full\u3000width ＡＢＣ ｽﾍﾟｰ
 def test_auto_tokenizer_gives_our_ids(texts, tmp_path, layout, model_type):
   train, held = texts
   tok = tokenizer_train.train(train, str(tmp_path / "spm"), vocab_size=1500, layout=layout, model_type=model_type,
-                        character_coverage=0.98, verbose=False)
+                              character_coverage=0.98, verbose=False)
   out = tmp_path / "hf"
   out.mkdir()
   hf_tokenizer.write(tok, str(out), model_max_length=512)

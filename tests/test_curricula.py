@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 
 from mlm_jax import masking, schedules
-from mlm_jax.defaults import masking_defaults
-from mlm_jax.errors import ConfigError
 from mlm_jax.data import config as data_config
 from mlm_jax.data.store import pipeline as store_pipeline
 from mlm_jax.data.store import prepare
-from mlm_jax.errors import DataError
+from mlm_jax.defaults import masking_defaults
+from mlm_jax.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")

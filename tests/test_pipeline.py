@@ -10,13 +10,12 @@ import tensorflow_datasets as tfds
 
 from mlm_jax.data import config as data_config
 from mlm_jax.data import specs
-from mlm_jax.data.text import pipeline
-from mlm_jax.data.store import prepare
-from mlm_jax.data.text import sources
 from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import prepare
+from mlm_jax.data.text import pipeline
+from mlm_jax.data.text import sources
 from mlm_jax.data.tokenizers import train as tokenizer_train
-from mlm_jax.errors import DataError
-from mlm_jax.errors import ConfigError
+from mlm_jax.errors import ConfigError, DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF
 LEIPZIG_EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -216,7 +215,7 @@ def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
     pipeline.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
   # another tokenizer of the same vocabulary size
   other = tokenizer_train.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
-                          max_sentences_per_language=3000, verbose=False)
+                                max_sentences_per_language=3000, verbose=False)
   assert other.vocab_size == tok.vocab_size
   state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
   with pytest.raises(DataError, match="the data config differs"):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import config as data_config
+from mlm_jax.data.store import format as store_lib
 from mlm_jax.data.store import pairs as sentence_pairs
 from mlm_jax.data.store import prepare
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.data.tokenizers import train as tokenizer_train
-from mlm_jax.data.store import format as store_lib
 from mlm_jax.errors import DataError
 
 BOOKS = "corpus/de/gutenberg_kalamine/*.txt.gz"    # paragraphs separated by blank lines
@@ -25,7 +25,7 @@ ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
 def bert_store(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("pairs")
   spm = tokenizer_train.train([f"de={shared_data / BOOKS}"], str(root / "spm"), vocab_size=600, layout="bert",
-                        verbose=False)
+                              verbose=False)
   out = str(root / "store")
   prepare.prepare(prepare.Options(sources=(f"de={shared_data / BOOKS}",), tokenizer=spm.model_path,
                                   eval_percent=2.0, doc_format="blank_line"), out, progress_s=1e9, log=lambda s: None)

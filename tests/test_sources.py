@@ -8,8 +8,7 @@ import tensorflow_datasets as tfds
 
 from mlm_jax.data import specs
 from mlm_jax.data.text import sources
-from mlm_jax.errors import DataError
-from mlm_jax.errors import ConfigError
+from mlm_jax.errors import ConfigError, DataError
 
 
 def _docs(spec, **kw):

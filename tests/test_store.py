@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data.store import prepare
 from mlm_jax.data.store import format as store_lib
 from mlm_jax.data.store import index as store_index
 from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.store import prepare
 from mlm_jax.data.tokenizers import train as tokenizer_train
 from mlm_jax.errors import DataError
 
@@ -25,8 +25,8 @@ EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("store_tok")
   return tokenizer_train.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
-                         str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
-                         input_sentence_size=4000, verbose=False)
+                               str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
+                               input_sentence_size=4000, verbose=False)
 
 
 def _opts(shared_data, tok, **kw):
@@ -117,6 +117,26 @@ def test_batches_identical_for_1_2_4_processes(store, tmp_path):
   labels = {s.label for s in procs[0].streams}
   assert labels == {"de", "en"}
   assert {k for k, v in procs[0].stats()["sources"].items() if v["rows"]} == labels
+
+
+def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
+  """data/inputs.make_input, the one function a run's input comes from: store sources give this
+  process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
+  has is a one-line error."""
+  import ml_collections
+  from mlm_jax.data import inputs
+  c = _cfg(store, tmp_path)
+  run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
+  got = inputs.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
+  assert isinstance(got, store_pipeline.StorePipeline)
+  whole = _pipe(c, tmp_path)
+  for _ in range(3):
+    np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
+  with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
+    inputs.make_input(run, "pairs", None)
+  run.data.sources = ("de=corpus/*.txt",)
+  with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
+    inputs.make_input(run, "sop_pairs", None)
 
 
 def test_resume_at_any_row_and_batch_size(store, tmp_path):

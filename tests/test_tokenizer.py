@@ -63,7 +63,7 @@ def xlmr_tok(corpus, tmp_path_factory):
   root, _ = corpus
   out = tmp_path_factory.mktemp("tok_xlmr") / "spm"
   return tokenizer_train.train([f"{root}/*/train.txt"], str(out), vocab_size=VOCAB, layout="xlmr",
-                         alpha=0.3, verbose=False)
+                               alpha=0.3, verbose=False)
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +71,7 @@ def bert_tok(corpus, tmp_path_factory):
   root, _ = corpus
   out = tmp_path_factory.mktemp("tok_bert") / "spm"
   return tokenizer_train.train({"en": f"{root}/en/train.txt", "ru": f"{root}/ru/train.txt"}, str(out),
-                         vocab_size=1500, layout="bert", model_type="bpe", verbose=False)
+                               vocab_size=1500, layout="bert", model_type="bpe", verbose=False)
 
 
 def test_xlmr_special_ids(xlmr_tok):
