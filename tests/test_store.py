@@ -4,6 +4,8 @@ import gc
 import gzip
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -16,6 +18,7 @@ from mlm_jax.data.store import pipeline as store_pipeline
 from mlm_jax.data.store import prepare
 from mlm_jax.data.tokenizers import train as tokenizer_train
 from mlm_jax.errors import DataError
+from subproc import REPO, cpu_env
 
 DE = "corpus/de/gutenberg_kalamine/*.txt.gz"                    # 3 books, BOM + CRLF
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -73,6 +76,23 @@ def test_permutation_known_answer():
 
 
 KNOWN_PERMUTATION = [759, 884, 542, 906, 15, 998, 59, 775]  # TF 2.20 index_shuffle
+
+
+def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
+  """The store modules (the batch workers run `python -m mlm_jax.data.store.batch`), the input
+  choice, the specs and the tokenizers import no TensorFlow, jax or text/ (which sets TensorFlow up
+  at import): a worker process or a config check never pays for them."""
+  code = ("import sys\n"
+          "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
+          "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
+          "import mlm_jax.data.store.reader, mlm_jax.data.inputs, mlm_jax.data.specs\n"
+          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
+          "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
+          " or m.startswith('mlm_jax.data.text'))\n"
+          "assert not bad, bad\n")
+  p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0, p.stderr[-2000:]
 
 
 def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path):
