@@ -36,17 +36,17 @@ _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 60, "A process silent t
 
 
 def input_kind(config: ml_collections.ConfigDict) -> str:
-  """Which input the objective trains on (data/inputs.py INPUT_KINDS): sentence pairs or packed rows."""
+  """Which input the objective trains on (data/input.py INPUT_KINDS): sentence pairs or packed rows."""
   return {"mlm+nsp": "nsp_pairs", "mlm+sop": "sop_pairs"}.get(config.objective, "rows")
 
 
 def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: str):
-  """This process's rows of each global batch (data/inputs.py); a token store's packing index is
+  """This process's rows of each global batch (data/input.py); a token store's packing index is
   cached in WORKDIR/data_index (a local folder when the workdir is gs://)."""
-  from mlm_jax.data import inputs
+  from mlm_jax.data import input as data_input
   from mlm_jax.data.store import index as store_index
-  return inputs.make_input(config, input_kind(config), tok, split, process_index=jax.process_index(),
-                           process_count=jax.process_count(), cache_dir=store_index.cache_dir_for(workdir))
+  return data_input.make_input(config, input_kind(config), tok, split, process_index=jax.process_index(),
+                               process_count=jax.process_count(), cache_dir=store_index.cache_dir_for(workdir))
 
 
 class PipelineInput:

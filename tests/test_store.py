@@ -85,7 +85,7 @@ def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
   code = ("import sys\n"
           "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
           "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
-          "import mlm_jax.data.store.reader, mlm_jax.data.inputs, mlm_jax.data.specs\n"
+          "import mlm_jax.data.store.reader, mlm_jax.data.input, mlm_jax.data.specs\n"
           "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
           "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
           " or m.startswith('mlm_jax.data.text'))\n"
@@ -140,23 +140,23 @@ def test_batches_identical_for_1_2_4_processes(store, tmp_path):
 
 
 def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
-  """data/inputs.make_input, the one function a run's input comes from: store sources give this
+  """data/input.py make_input, the one function a run's input comes from: store sources give this
   process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
   has is a one-line error."""
   import ml_collections
-  from mlm_jax.data import inputs
+  from mlm_jax.data import input as data_input
   c = _cfg(store, tmp_path)
   run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
-  got = inputs.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
+  got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
   assert isinstance(got, store_pipeline.StorePipeline)
   whole = _pipe(c, tmp_path)
   for _ in range(3):
     np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
   with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
-    inputs.make_input(run, "pairs", None)
+    data_input.make_input(run, "pairs", None)
   run.data.sources = ("de=corpus/*.txt",)
   with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
-    inputs.make_input(run, "sop_pairs", None)
+    data_input.make_input(run, "sop_pairs", None)
 
 
 def test_resume_at_any_row_and_batch_size(store, tmp_path):

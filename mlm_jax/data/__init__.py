@@ -1,6 +1,6 @@
 """Input side of mlm_jax: two paths to one batch format, and the tokenizers both use.
 
-  inputs.py     make_input(config, input_kind, ...): the one place that picks a run's input
+  input.py      make_input(config, input_kind, ...): the one place that picks a run's input
   specs.py      source specs (`name=spec` strings), their files, mixing weights; no TensorFlow
   config.py     defaults of `config.data`
   text/         streaming path: sources -> tf.data tokenize, pack, mix, batch (resume replays)

@@ -2,7 +2,7 @@
 
   StorePipeline(data_config, batch_size_local, seed, process_index, process_count, split,
                 cache_dir=None) iterates the same batch dicts as the streaming path's Pipeline
-                (text/pipeline.py); data/inputs.py chooses between them.
+                (text/pipeline.py); data/input.py chooses between them.
   is_store(data_config) -> whether data.sources are token stores (they cannot mix with text).
   store_tokenizer_path(data_config) -> the .model inside the store ('' for streaming sources).
 
