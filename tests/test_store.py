@@ -78,23 +78,6 @@ def test_permutation_known_answer():
 KNOWN_PERMUTATION = [759, 884, 542, 906, 15, 998, 59, 775]  # TF 2.20 index_shuffle
 
 
-def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
-  """The store modules (the batch workers run `python -m mlm_jax.data.store.batch`), the input
-  choice, the specs and the tokenizers import no TensorFlow, jax or text/ (which sets TensorFlow up
-  at import): a worker process or a config check never pays for them."""
-  code = ("import sys\n"
-          "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
-          "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
-          "import mlm_jax.data.store.reader, mlm_jax.data.input, mlm_jax.data.specs\n"
-          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
-          "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
-          " or m.startswith('mlm_jax.data.text'))\n"
-          "assert not bad, bad\n")
-  p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
-                     timeout=120)
-  assert p.returncode == 0, p.stderr[-2000:]
-
-
 def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path):
   """One epoch of one source, segmented: exactly the chunks of its documents, each once."""
   c = _cfg(f"{store}:de", tmp_path)
@@ -137,26 +120,6 @@ def test_batches_identical_for_1_2_4_processes(store, tmp_path):
   labels = {s.label for s in procs[0].streams}
   assert labels == {"de", "en"}
   assert {k for k, v in procs[0].stats()["sources"].items() if v["rows"]} == labels
-
-
-def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
-  """data/input.py make_input, the one function a run's input comes from: store sources give this
-  process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
-  has is a one-line error."""
-  import ml_collections
-  from mlm_jax.data import input as data_input
-  c = _cfg(store, tmp_path)
-  run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
-  got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
-  assert isinstance(got, store_pipeline.StorePipeline)
-  whole = _pipe(c, tmp_path)
-  for _ in range(3):
-    np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
-  with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
-    data_input.make_input(run, "pairs", None)
-  run.data.sources = ("de=corpus/*.txt",)
-  with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
-    data_input.make_input(run, "sop_pairs", None)
 
 
 def test_resume_at_any_row_and_batch_size(store, tmp_path):
@@ -317,3 +280,40 @@ def test_prepare_rerun_resume_and_workers(shared_data, tok, store, tmp_path):
   assert {k: v[0] for k, v in _files(tasks).items()} == {k: v[0] for k, v in before.items()}
   with pytest.raises(DataError, match="prepared with other options"):
     prepare.prepare(_opts(shared_data, tok, doc_format="blank_line"), two, log=lambda s: None)
+
+
+def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
+  """data/input.py make_input, the one function a run's input comes from: store sources give this
+  process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
+  has is a one-line error."""
+  import ml_collections
+  from mlm_jax.data import input as data_input
+  c = _cfg(store, tmp_path)
+  run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
+  got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
+  assert isinstance(got, store_pipeline.StorePipeline)
+  whole = _pipe(c, tmp_path)
+  for _ in range(3):
+    np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
+  with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
+    data_input.make_input(run, "pairs", None)
+  run.data.sources = ("de=corpus/*.txt",)
+  with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
+    data_input.make_input(run, "sop_pairs", None)
+
+
+def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
+  """The store modules (the batch workers run `python -m mlm_jax.data.store.batch`), the input
+  choice, the specs and the tokenizers import no TensorFlow, jax or text/ (which sets TensorFlow up
+  at import): a worker process or a config check never pays for them."""
+  code = ("import sys\n"
+          "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
+          "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
+          "import mlm_jax.data.store.reader, mlm_jax.data.input, mlm_jax.data.specs\n"
+          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
+          "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
+          " or m.startswith('mlm_jax.data.text'))\n"
+          "assert not bad, bad\n")
+  p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0, p.stderr[-2000:]
