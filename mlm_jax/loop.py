@@ -119,13 +119,13 @@ class Loop:
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
     try:
       last = self._steps(state, start, checkpointer, writer, watch)
-    finally:
+    finally:   # also on an error: a save still being written finishes, and is not lost
       watch.stop()
+      checkpointer.close()
+      if self._best is not None:
+        self._best.checkpointer.close()
+      writer.close()
     self.preempted = watch.preempted
-    checkpointer.close()
-    if self._best is not None:
-      self._best.checkpointer.close()
-    writer.close()
     return last
 
   def _start(self, checkpointer: ckpt_lib.Checkpointer):
@@ -168,13 +168,13 @@ class Loop:
       log.add(m)
       step += 1
       final = step == t.steps or watch.preempted
-      if step % t.log_every == 0 or final:
+      if _every(step, t.log_every) or final:
         last = log.flush(step, writer)
-      if self.evaluate is not None and (step % t.eval_every == 0 or step == t.steps) and not watch.preempted:
+      if self.evaluate is not None and (_every(step, t.eval_every) or step == t.steps) and not watch.preempted:
         watch.phase = "input"
         last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
-      if step % t.save_every == 0 or step == t.steps or watch.preempted:   # SIGTERM may come during eval
+      if _every(step, t.save_every) or step == t.steps or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"
         self._save(checkpointer, state, m, step)
       if watch.preempted:
@@ -190,6 +190,11 @@ class Loop:
                       "checkpoint; the last checkpoint is intact. Lower optimizer.learning_rate")
     else:
       logging.warning("step %d: loss or parameters not finite, checkpoint not written", step)
+
+
+def _every(step: int, interval: int) -> bool:
+  """Whether `step` is on an interval's cadence; 0 (or less) means never (the last step still counts)."""
+  return interval > 0 and step % interval == 0
 
 
 class _Interval:

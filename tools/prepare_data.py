@@ -22,7 +22,7 @@ runtime.configure()   # before jax and tensorflow are imported
 
 
 def main(argv=None):
-  from mlm_jax.data import prepare
+  from mlm_jax.data.store import prepare
   from mlm_jax.errors import UserError
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sources", action="append", required=True, help="name=spec, repeatable")
@@ -69,7 +69,8 @@ def _real_fractions(root: str, manifest: dict, seq_len: int) -> dict:
   packed into `seq_len` rows (segmented, best-fit, the default window; a fixed document order, so
   within a fraction of a percent of what any seed gives). Built from the token counts alone."""
   import numpy as np
-  from mlm_jax.data import config as data_config, store as store_lib, store_index
+  from mlm_jax.data import config as data_config
+  from mlm_jax.data.store import format as store_lib, index as store_index
   store, window = store_lib.Store(root), data_config.data_defaults().packing_window
   out = {}
   for name in manifest["sources"]:
