@@ -25,6 +25,7 @@ CHOICES = {
     "train.nonfinite": ("skip", "stop"),
     "data.doc_format": ("line", "blank_line"),
     "data.packing": ("segmented", "concat"),
+    "data.packing_fit": ("best", "next"),
     "data.per_host": ("shard", "slice"),
     "tokenizer.model_type": ("unigram", "bpe"),
     "tokenizer.layout": ("xlmr", "bert"),

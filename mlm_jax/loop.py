@@ -6,7 +6,9 @@ It owns what every run needs and nothing an objective decides:
 - each step: a batch from the input, the jitted train step, metric sums kept on device;
 - every `log_every` steps one host sync: the objective's rates (loss, accuracy, ...) plus learning
   rate, gradient norm, tokens/s, examples/s, MFU, the time spent waiting for input, ETA and skipped
-  non-finite updates, to the console, metrics.jsonl and TensorBoard;
+  non-finite updates, to the console, metrics.jsonl and TensorBoard. Padding is not work: the
+  console's tok/s and MFU count real tokens (segment_ids > 0, summed on device by the step), and
+  `real_fraction` is their share of the batch's slots (`tokens_per_sec` in metrics.jsonl: slots);
 - every `eval_every` steps (and at the end) the evaluator; with `best_metric`, the best parameters
   so far in WORKDIR/best;
 - every `save_every` steps (and at the end, and on SIGTERM) an async checkpoint with the input's
@@ -218,18 +220,23 @@ class _Interval:
     seconds = max(now - self.t0, 1e-9)
     examples_per_sec = since * t.batch_size / seconds
     tokens_per_sec = examples_per_sec * loop.tokens_per_example
+    slots = since * t.batch_size * loop.tokens_per_example
+    real = float(host["real_tokens"]) if "real_tokens" in host else slots
+    real_tokens_per_sec = real / seconds
     objective = loop.trainer.objective
     line = dict(step=step, **objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
                 **getattr(objective, "schedule_values", lambda s: {})(step - 1),   # the last step's
                 learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
                 tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
-                mfu=flops.mfu(tokens_per_sec, loop.flops_per_token, self.peak),
+                real_tokens_per_sec=real_tokens_per_sec, real_fraction=real / max(slots, 1),
+                mfu=flops.mfu(real_tokens_per_sec, loop.flops_per_token, self.peak),
                 input_wait_fraction=min(self.input_seconds / seconds, 1.0),
                 skipped_nonfinite=int(round(since - float(host["finite"]))))
     eta = (t.steps - step) * (now - self.t_start) / max(step - self.start, 1)
     writer.write(line)
-    logging.info("step %d/%d  %s  lr %.2e  %.0f tok/s  MFU %.1f%%  input %.0f%%  ETA %s", step, t.steps,
-                 loop.trainer.objective.console(line), line["learning_rate"], tokens_per_sec, 100 * line["mfu"],
+    logging.info("step %d/%d  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
+                 t.steps, loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
+                 100 * line["real_fraction"], 100 * line["mfu"],
                  100 * line["input_wait_fraction"], time.strftime("%H:%M:%S", time.gmtime(eta)))
     self._check_finite(line, step)
     self.restart()

@@ -104,6 +104,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   def train_step(state: TrainState, batch, key):
     step_key = jax.random.fold_in(key, state.step)
     prepare_key, dropout_key = jax.random.split(step_key)
+    real_tokens = jnp.sum(batch["segment_ids"] > 0, dtype=jnp.float32)   # not padding (loop: real tok/s, MFU)
     batch = objective.prepare(batch, prepare_key, state.step)
     grad_fn = jax.grad(loss_sums, has_aux=True)
     if accum == 1:
@@ -122,7 +123,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
     new_state = apply_if_finite(state, grads, tx, finite, sharding.platform(mesh))
-    metrics = dict(sums, grad_norm=grad_norm, learning_rate=schedule(state.step),
+    metrics = dict(sums, real_tokens=real_tokens, grad_norm=grad_norm, learning_rate=schedule(state.step),
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
 

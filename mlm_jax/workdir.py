@@ -43,6 +43,8 @@ def migrate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       # Resolved for the accelerator that trained it; a model built from it here (inference, conversion,
       # fine-tuning) picks the implementation of this host's platform again.
       config.model.attention_impl = "auto"
+  if "data" in config and "packing_fit" not in config.data:
+    config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
   if "objective" not in config and "masking" in config:   # runs from before objectives existed were MLM
     config.objective = registry.DEFAULT
   return config
@@ -71,7 +73,7 @@ def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
 
 def load_tokenizer(path: str, vocab_size: int | None = None):
   """The tokenizer at `path`, checked against the model's vocabulary size."""
-  from mlm_jax.data import tokenizer as tok_lib
+  from mlm_jax.data.tokenizers import load as tok_lib
   if "://" not in path and not os.path.exists(path):
     raise CheckpointError(f"tokenizer {path}: missing")
   tok = tok_lib.load(path)

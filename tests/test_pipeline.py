@@ -9,13 +9,13 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data import pipeline
-from mlm_jax.data import prepare
-from mlm_jax.data import sources
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import tokenizer
-from mlm_jax.data.sources import DataError
-from mlm_jax.errors import ConfigError
+from mlm_jax.data import specs
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import prepare
+from mlm_jax.data.text import pipeline
+from mlm_jax.data.text import sources
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import ConfigError, DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF
 LEIPZIG_EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -26,7 +26,7 @@ RU = "corpus/ru/tatoeba_cc0_rus.tsv.gz"
 def tok(shared_data, tmp_path_factory):
   """A 1000-piece XLM-R-layout model on German, English and Russian (a few seconds)."""
   root = tmp_path_factory.mktemp("pipe_tok")
-  return tokenizer.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
+  return tokenizer_train.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
                           f"ru=tsv:2:{shared_data / RU}"], str(root / "spm"), vocab_size=1000,
                          max_sentences_per_language=3000, input_sentence_size=6000,
                          verbose=False)
@@ -175,7 +175,7 @@ def test_mixing_frequencies_follow_alpha(shared_data, tok):
   src = np.concatenate([b["source"] for b in ds.take(20).as_numpy_iterator()])
   assert len(src) == 10000
   freq = np.bincount(src, minlength=3) / len(src)
-  want = np.array(pipeline.mixing_weights(sizes, 0.3))
+  want = np.array(specs.mixing_weights(sizes, 0.3))
   np.testing.assert_allclose(want, np.array(sizes) ** 0.3 / np.sum(np.array(sizes) ** 0.3))
   assert np.abs(freq - want).max() < 0.02, (freq, want)
   # Default n_i = bytes on disk of each source's files.
@@ -214,15 +214,15 @@ def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
   with pytest.raises(DataError, match="batch_size differs"):
     pipeline.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
   # another tokenizer of the same vocabulary size
-  other = tokenizer.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
-                          max_sentences_per_language=3000, verbose=False)
+  other = tokenizer_train.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
+                                max_sentences_per_language=3000, verbose=False)
   assert other.vocab_size == tok.vocab_size
   state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
   with pytest.raises(DataError, match="the data config differs"):
     pipeline.Pipeline(cfg, other, 4, seed=0).set_state(state)
   # checkpoints written before the tokenizer's sha256 was part of the fingerprint still resume
   same = pipeline.Pipeline(cfg, tok, 4, seed=0)
-  same.set_state(dict(state, fingerprint=same._fingerprints[1]))
+  same.set_state(dict(state, fingerprint=same._fingerprints(same.fit)[1]))
 
 
 def test_hosts_cover_the_epoch(shared_data, tok):
@@ -322,3 +322,28 @@ def test_config_errors(shared_data, tok):
   with pytest.raises(DataError, match="data.source_sizes names unknown sources"):
     pipeline.Pipeline(_cfg(sources=(f"a={shared_data / ALICE}", f"b={shared_data / ALICE}"),
                            source_sizes=("c=1",)), tok, 4, 0)
+
+
+def test_best_fit_rows_and_next_fit_states(shared_data, tok):
+  """Best-fit over a window spanning tokenized batches fills rows that next-fit leaves ~15 % empty;
+  a state saved before data.packing_fit existed resumes onto next-fit rows under the best-fit default;
+  a state that names another fit is refused."""
+  src = (f"en=tsv:1:{shared_data / LEIPZIG_EN}",)
+  share = {}
+  for fit in ("next", "best"):
+    p = pipeline.Pipeline(_cfg(sources=src, seq_len=128, packing_fit=fit), tok, 8, seed=0)
+    share[fit] = np.mean([(next(p)["segment_ids"] > 0).mean() for _ in range(20)])
+  assert share["best"] > 0.97 and share["best"] > share["next"] + 0.05, share
+  old = pipeline.Pipeline(_cfg(sources=src, seq_len=64, packing_fit="next"), tok, 4, seed=0)
+  for _ in range(3):
+    next(old)
+  state = old.get_state()
+  want = next(old)
+  legacy = dict(state, fingerprint=old._fingerprints(None)[0])   # as written before this field
+  new = pipeline.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0)
+  assert new.fit == "best"
+  new.set_state(legacy)
+  got = next(new)
+  assert new.fit == "next" and all((got[k] == want[k]).all() for k in pipeline.FEATURES)
+  with pytest.raises(DataError, match="the data config differs"):
+    pipeline.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0).set_state(state)

@@ -39,8 +39,8 @@ def _task_config(name):
 def test_a_probe_scores_features_against_the_task_s_own_labels(shared_data, corpus_and_tokenizer):
   """On sms_spam's real sample: features that carry the label score 1, constant features only what
   predicting one class gives (macro-F1 at most 0.5); on UNER's token task, entity F1 near 1 and 0."""
-  from mlm_jax.data import tokenizer
-  tok = tokenizer.load(corpus_and_tokenizer[1])
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  tok = tokenizer_load.load(corpus_and_tokenizer[1])
   spam = probe.from_task_config("sms_spam", _task_config("sms_spam"), tok, 48, 1, max_train=200, max_eval=100)
   assert spam.kind == "classification" and len(spam.eval["label"]) == 100
   by_row = {}

@@ -4,18 +4,22 @@ import gc
 import gzip
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
+from mlm_jax.data import best_fit
 from mlm_jax.data import config as data_config
-from mlm_jax.data import prepare
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import store_index
-from mlm_jax.data import store_pipeline
-from mlm_jax.data import tokenizer
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import index as store_index
+from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.store import prepare
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import DataError
+from subproc import REPO, cpu_env
 
 DE = "corpus/de/gutenberg_kalamine/*.txt.gz"                    # 3 books, BOM + CRLF
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -24,9 +28,9 @@ EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
 @pytest.fixture(scope="session")
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("store_tok")
-  return tokenizer.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
-                         str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
-                         input_sentence_size=4000, verbose=False)
+  return tokenizer_train.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
+                               str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
+                               input_sentence_size=4000, verbose=False)
 
 
 def _opts(shared_data, tok, **kw):
@@ -51,7 +55,7 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _pipe(c, tmp_path, batch=8, **kw):
-  return store_pipeline.make_pipeline(c, None, batch, seed=kw.pop("seed", 3),
+  return store_pipeline.StorePipeline(c, batch, seed=kw.pop("seed", 3),
                                       cache_dir=str(tmp_path / "index"), **kw)
 
 
@@ -75,9 +79,10 @@ def test_permutation_known_answer():
 KNOWN_PERMUTATION = [759, 884, 542, 906, 15, 998, 59, 775]  # TF 2.20 index_shuffle
 
 
-def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path):
+@pytest.mark.parametrize("fit", ["best", "next"])
+def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path, fit):
   """One epoch of one source, segmented: exactly the chunks of its documents, each once."""
-  c = _cfg(f"{store}:de", tmp_path)
+  c = _cfg(f"{store}:de", tmp_path, packing_fit=fit)
   p = _pipe(c, tmp_path, batch=16)
   rows = p.streams[0].rows
   batches = [next(p) for _ in range((rows + 15) // 16)]
@@ -104,8 +109,9 @@ def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path):
   assert any(tok.encode(line) in docs for line in first)
 
 
-def test_batches_identical_for_1_2_4_processes(store, tmp_path):
-  c = _cfg(store, tmp_path, mix_alpha=0.5, packing="concat")
+@pytest.mark.parametrize("packing", ["concat", "segmented"])
+def test_batches_identical_for_1_2_4_processes(store, tmp_path, packing):
+  c = _cfg(store, tmp_path, mix_alpha=0.5, packing=packing)
   want = None
   for n in (1, 2, 4):
     procs = [_pipe(c, tmp_path, batch=8 // n, process_index=i, process_count=n)
@@ -204,6 +210,53 @@ def test_worker_processes_build_the_same_batches(store, tmp_path):
   assert "store batch worker" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_best_fit_window():
+  """Least room that fits, ties to the lowest slot, the fullest row closed when the window is full;
+  the same rows whether the items come in one call or in groups with the window carried."""
+  w = best_fit.Window(10, 2)
+  slots, offsets, rows, closed = w.place([6, 5, 4, 7])
+  # 6 -> new row 0; 5 -> new row 1; 4 -> row 0 (room 4 is the least that fits; then full: closed);
+  # 7 -> new row 2 in the freed slot 0
+  assert list(slots) == [0, 1, 0, 0] and list(offsets) == [0, 0, 6, 0] and list(rows) == [0, 1, 0, 2]
+  assert closed == [(3, 0, 0)] and w.fill == [7, 5]
+  slots, offsets, rows, closed = w.place([6, 3])
+  # 6 fits neither (rooms 3, 5): the window is full, so the fullest row (2, room 3) is closed first;
+  # 3 then goes into the new row 3 (room 4, then full: closed), not row 1 (room 5)
+  assert list(slots) == [0, 0] and list(rows) == [3, 3] and closed == [(0, 0, 2), (2, 0, 3)]
+  rng = np.random.default_rng(0)
+  items = rng.integers(2, 64, 3000).tolist()
+  one = best_fit.Window(64, 16).place(items)
+  w, got = best_fit.Window(64, 16), []
+  for a in range(0, len(items), 100):
+    got.append(w.place(items[a:a + 100])[2])
+  assert list(one[2]) == [r for g in got for r in g]
+
+
+def test_best_fit_fills_rows_and_old_states_keep_next_fit(store, tmp_path):
+  """Best-fit rows are fuller than next-fit's; a data state saved before data.packing_fit existed
+  (no packing_fit in it) resumes onto next-fit rows even though new runs default to best-fit."""
+  fill = {}
+  for fit in ("next", "best"):
+    p = _pipe(_cfg(store, tmp_path, packing_fit=fit), tmp_path)
+    fill[fit] = np.mean([s.index["row_tokens"].mean() / 32 for s in p.streams])
+  assert fill["best"] > fill["next"] + 0.1   # seq_len 32: 0.89 against 0.73
+  old = _pipe(_cfg(store, tmp_path, packing_fit="next", mix_alpha=0.5), tmp_path)
+  for _ in range(3):
+    next(old)
+  state = old.get_state()
+  want = next(old)
+  del state["config"]["packing_fit"]        # as written before this field existed
+  assert state["config"]["index_version"] == 1
+  new = _pipe(_cfg(store, tmp_path, mix_alpha=0.5), tmp_path)
+  assert new.fit == "best"
+  new.set_state(state)
+  got = next(new)
+  assert new.fit == "next" and all((got[k] == want[k]).all() for k in store_pipeline.FEATURES)
+  state = _pipe(_cfg(store, tmp_path, packing_fit="next"), tmp_path).get_state()
+  with pytest.raises(DataError, match=r"data\.packing_fit changed \('next' saved, 'best' now\)"):
+    _pipe(_cfg(store, tmp_path), tmp_path).set_state(state)
+
+
 def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
   state = _pipe(_cfg(store, tmp_path), tmp_path).get_state()
   with pytest.raises(DataError, match=r"data\.seq_len changed \(32 saved, 64 now\)"):
@@ -277,3 +330,40 @@ def test_prepare_rerun_resume_and_workers(shared_data, tok, store, tmp_path):
   assert {k: v[0] for k, v in _files(tasks).items()} == {k: v[0] for k, v in before.items()}
   with pytest.raises(DataError, match="prepared with other options"):
     prepare.prepare(_opts(shared_data, tok, doc_format="blank_line"), two, log=lambda s: None)
+
+
+def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
+  """data/input.py make_input, the one function a run's input comes from: store sources give this
+  process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
+  has is a one-line error."""
+  import ml_collections
+  from mlm_jax.data import input as data_input
+  c = _cfg(store, tmp_path)
+  run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
+  got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
+  assert isinstance(got, store_pipeline.StorePipeline)
+  whole = _pipe(c, tmp_path)
+  for _ in range(3):
+    np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
+  with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
+    data_input.make_input(run, "pairs", None)
+  run.data.sources = ("de=corpus/*.txt",)
+  with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
+    data_input.make_input(run, "sop_pairs", None)
+
+
+def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
+  """The store modules (the batch workers run `python -m mlm_jax.data.store.batch`), the input
+  choice, the specs and the tokenizers import no TensorFlow, jax or text/ (which sets TensorFlow up
+  at import): a worker process or a config check never pays for them."""
+  code = ("import sys\n"
+          "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
+          "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
+          "import mlm_jax.data.store.reader, mlm_jax.data.input, mlm_jax.data.specs\n"
+          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
+          "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
+          " or m.startswith('mlm_jax.data.text'))\n"
+          "assert not bad, bad\n")
+  p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0, p.stderr[-2000:]

@@ -93,7 +93,7 @@ def electra_run(tmp_path_factory, corpus_and_tokenizer):
 @pytest.fixture(scope="module")
 def docs_store(corpus_and_tokenizer, tmp_path_factory):
   """The demo corpus prepared into a token store with the session's tokenizer."""
-  from mlm_jax.data import prepare
+  from mlm_jax.data.store import prepare
   corpus, spm = corpus_and_tokenizer
   root = str(tmp_path_factory.mktemp("kill_store") / "store")
   prepare.prepare(prepare.Options(sources=(f"docs={corpus}",), tokenizer=spm, eval_percent=5.0), root,
@@ -102,12 +102,12 @@ def docs_store(corpus_and_tokenizer, tmp_path_factory):
 
 
 def _store_workers() -> list:
-  """Pids of running store batch workers (python -m mlm_jax.data.store_batch)."""
+  """Pids of running store batch workers (python -m mlm_jax.data.store.batch)."""
   out = []
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"mlm_jax.data.store_batch" in f.read():
+        if b"mlm_jax.data.store.batch" in f.read():
           out.append(int(pid))
     except OSError:
       pass
@@ -164,6 +164,11 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   assert sorted(got) == list(range(1, 2 * n + 1))
   for s in range(n + 1, 2 * n + 1):
     assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
+  # padding is not work: the log counts real tokens (best-fit packing: nearly every slot)
+  last = [json.loads(l) for l in open(killed / "metrics.jsonl") if '"loss"' in l][-1]
+  assert 0.9 < last["real_fraction"] <= 1.0, last
+  assert last["real_tokens_per_sec"] == pytest.approx(last["real_fraction"] * last["tokens_per_sec"], rel=1e-3)
+  assert "tok/s (real " in p.stderr
 
 
 def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(electra_run, tmp_path):

@@ -11,11 +11,13 @@ shape, built in this process and in --store_workers worker processes, and the fi
 set_state at global batch 0, 1e4 and 1e6 (resume cost). With --prepare_workers=N, times
 tools/prepare_data.py on the same input with 1 and N workers, beside sentencepiece's own encode rate.
 
-Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
+Builds the real `mlm_jax.data.text.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
 sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
 segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
 steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
-second (what the train step consumes); real_tokens_per_sec leaves padding out.
+second (what the train step consumes); real_tokens_per_sec leaves padding out;
+real_fraction_by_source (and store_real_fraction_by_source) is each source's share of slots that
+hold a real token.
 
 Peer in the same run: a plain Python loop of the tokenizer's encode (one call per document, the
 same documents, already in memory) + concatenation into seq_len blocks + transformers'
@@ -43,23 +45,24 @@ TOKENIZER_TEXT = (f"en={DEFAULT_INPUT}", os.path.join(_DATA, "corpus/en/gutenber
 
 
 def _tokenizer(args, inputs):
-  from mlm_jax.data import tokenizer
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  from mlm_jax.data.tokenizers import train as tokenizer_train
   if args.tokenizer:
-    return tokenizer.load(args.tokenizer)
+    return tokenizer_load.load(args.tokenizer)
   cache = os.path.join(tempfile.gettempdir(), f"mlm_jax_bench_spm_{args.vocab_size}")
   if os.path.exists(cache + ".model"):
-    return tokenizer.load(cache + ".model")
+    return tokenizer_load.load(cache + ".model")
   t0 = time.perf_counter()
   text = TOKENIZER_TEXT if list(inputs) == [f"en={DEFAULT_INPUT}"] else list(inputs)
-  tok = tokenizer.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
-                        max_sentences_per_language=200_000, input_sentence_size=300_000,
-                        verbose=False)
+  tok = tokenizer_train.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
+                              max_sentences_per_language=200_000, input_sentence_size=300_000,
+                              verbose=False)
   print(f"trained tokenizer {cache}.model in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
   return tok
 
 
 def _bench_pipeline(args, cfg, tok):
-  from mlm_jax.data import pipeline
+  from mlm_jax.data.text import pipeline
   t0 = time.perf_counter()
   it = pipeline.Pipeline(cfg, tok, args.batch_size, seed=0)
   for _ in range(args.warmup):
@@ -74,19 +77,33 @@ def _bench_pipeline(args, cfg, tok):
   slots = args.batches * args.batch_size * cfg.seq_len
   return dict(tokens_per_sec=slots / dt, real_tokens_per_sec=real / dt,
               batches_per_sec=args.batches / dt, timed_batches=args.batches,
-              timed_s=dt, warmup_s=warm_s, fill=real / slots, stats=it.stats())
+              timed_s=dt, warmup_s=warm_s, fill=real / slots, stats=it.stats(),
+              real_fraction_by_source=_real_by_source(args, cfg, tok))
+
+
+def _real_by_source(args, cfg, tok) -> dict:
+  """The share of row slots that hold a real token, per source, over --batches batches (untimed)."""
+  import numpy as np
+  from mlm_jax.data.text import pipeline, sources
+  names = [src.name for src in sources.parse_sources(cfg.sources, cfg.tfds_data_dir)]
+  ds = pipeline.build_dataset(cfg, tok, args.batch_size, seed=0, with_source=True).take(args.batches)
+  real, rows = np.zeros(len(names)), np.zeros(len(names))
+  for b in ds.as_numpy_iterator():
+    np.add.at(real, b["source"], (b["segment_ids"] > 0).sum(axis=1))
+    np.add.at(rows, b["source"], 1)
+  return {n: float(r / (k * cfg.seq_len)) for n, r, k in zip(names, real, rows) if k}
 
 
 def _bench_store(args, cfg):
   """The store pipeline built in this process, and (--store_workers=N) in N worker processes."""
-  from mlm_jax.data import store_pipeline
+  from mlm_jax.data.store import pipeline as store_pipeline
   cfg = cfg.copy_and_resolve_references()
   cfg.sources = (f"store:{args.store}",)
   out = {}
   for workers in sorted({0, args.store_workers}):
     cfg.store_workers = workers
     t0 = time.perf_counter()
-    it = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+    it = store_pipeline.StorePipeline(cfg, args.batch_size, seed=0)
     build_s = time.perf_counter() - t0
     for _ in range(3 + 2 * workers):   # workers start (a second or so) and fill their queue
       next(it)
@@ -101,17 +118,18 @@ def _bench_store(args, cfg):
       state, resume = it.get_state(), {}
       for b in (0, 10**4, 10**6):
         t0 = time.perf_counter()
-        fresh = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+        fresh = store_pipeline.StorePipeline(cfg, args.batch_size, seed=0)
         fresh.set_state(dict(state, rows=b * args.batch_size))
         next(fresh)
         resume[f"batch_{b}"] = time.perf_counter() - t0
-      out.update(store_index_build_s=build_s, store_resume_first_batch_s=resume)
+      out.update(store_index_build_s=build_s, store_resume_first_batch_s=resume,
+                 store_real_fraction_by_source={k: v["real_fraction"] for k, v in it.stats()["sources"].items()})
   return out
 
 
 def _documents(cfg) -> list:
   """The benchmark input's documents as strings, in memory (what the peers are given)."""
-  from mlm_jax.data import sources
+  from mlm_jax.data.text import sources
   docs = []
   for src in sources.parse_sources(cfg.sources):
     ds = src.documents(doc_format=cfg.doc_format)
@@ -123,7 +141,7 @@ def _bench_prepare(args, cfg, tok):
   """tools/prepare_data.py's work on the benchmark input with 1 and --prepare_workers workers (the
   whole run: reading, tokenizing, hashing the held-out split, writing shards), beside
   sentencepiece's own encode of the same documents already in memory."""
-  from mlm_jax.data import prepare
+  from mlm_jax.data.store import prepare
   docs = _documents(cfg)
   out = {}
   if tok.family == "sentencepiece":
@@ -221,7 +239,7 @@ def main(argv=None):
   args = p.parse_args(argv)
 
   from mlm_jax.data import config as data_config
-  from mlm_jax.data import pipeline
+  from mlm_jax.data.text import pipeline
   inputs = args.input or [f"en={DEFAULT_INPUT}"]
   cfg = data_config.data_defaults()
   cfg.update(dict(sources=tuple(inputs), doc_format=args.doc_format, packing=args.packing,

@@ -11,7 +11,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.seq_len = 128
   # The tokenizer: a sentencepiece .model (its .special_ids.json next to it gives the special ids), a
-  # tokenizer.json / vocab.txt (WordPiece, byte-level BPE), or a folder holding one (data/tokenizer.py).
+  # tokenizer.json / vocab.txt (WordPiece, byte-level BPE), or a folder holding one (data/tokenizers/).
   d.tokenizer = ""
   # Training corpora, each 'name=spec' (the name labels logs and the mixing weights). Specs:
   #   GLOB[,GLOB]              text files, .gz read transparently (local or gs://)
@@ -35,6 +35,13 @@ def data_defaults() -> ml_collections.ConfigDict:
   # segmented: documents packed whole, each with BOS/EOS, segment ids 1,2,.. and positions from 0
   #            (documents do not attend to each other); concat: RoBERTa FULL-SENTENCES stream.
   d.packing = "segmented"
+  # segmented rows: 'best' = each document (chunk) goes into the open row with the least room that
+  # still fits it, among `packing_window` open rows (the fullest is closed when a new one is
+  # needed): ~1-3 % padding on short documents; 'next' = one open row, closed when a document does
+  # not fit (10-20 % padding on sentences). A config.json or data state without this field is from
+  # before best-fit and reads as 'next', so such runs resume onto the rows they started on.
+  d.packing_fit = "best"
+  d.packing_window = 256         # open rows; more = fuller rows, more memory (streaming: rows x seq_len)
   # Corpus i is drawn with p_i ∝ n_i^alpha, n_i = its size on disk (bytes; TFDS: examples) unless
   # `source_sizes` says otherwise. 1.0 = proportional, 0.3 = XLM-R, 0.0 = uniform.
   d.mix_alpha = 1.0

@@ -5,7 +5,7 @@ Public interface:
   Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
            split='train')
     data_config: `config.data` (see mlm_jax/data/config.py); tokenizer: a `Tokenizer` or a
-    path `tokenizer.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
+    path `tokenizers.load.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
     shape [batch_size, seq_len]:
       input_ids    tokens; padding = tokenizer.pad_id
       segment_ids  0 on padding; segmented: documents of a row numbered 1, 2, ...; concat: 1
@@ -27,40 +27,41 @@ Public interface:
 
 Tokenization is one call per batch of `tokenize_batch` documents: in-graph tensorflow_text for
 sentencepiece, Hugging Face `tokenizers` in a `tf.numpy_function` for WordPiece and byte-level BPE
-(mlm_jax/data/tokenizer_hf.py says why).
+(mlm_jax/data/tokenizers/hf.py says why).
 
-Segmented packing is next-fit within each tokenized batch of `tokenize_batch` documents (a
-stateless, parallel map); concat packing carries the open row across batches (a tf.data scan).
+Segmented packing (`data.packing_fit`): 'best' = best-fit over `packing_window` open rows carried
+from one tokenized batch of documents to the next (a tf.data scan over the batches, the packing in
+best_fit.py run in a numpy_function: ~1 % padding); 'next' = next-fit within each tokenized batch
+of `tokenize_batch` documents (a stateless, parallel map; the packing before best-fit existed,
+kept so that runs started with it resume onto the same rows). Concat packing carries the open row
+across batches (a tf.data scan).
 
 Resume works by replaying: the stream is a pure function of (config, seed, host), so the
 restored iterator skips the `batches` already consumed inside tf.data (C++, no Python per
 batch), at the pipeline's own speed. That keeps the checkpointed state a few bytes instead of
 megabytes of shuffle buffers, at the cost of restore time proportional to the run so far.
 """
+import atexit
 import functools
 import hashlib
 import json
 import logging
+import weakref
 from typing import Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from mlm_jax import choices
-from mlm_jax.data import sources as sources_lib
-from mlm_jax.data import tokenizer as tokenizer_lib
+from mlm_jax.data import best_fit
+from mlm_jax.data import specs
+from mlm_jax.data.specs import mixing_weights
+from mlm_jax.data.text import sources as sources_lib
+from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.tokenizers import load as tokenizer_load
 
 FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
 _AUTOTUNE = tf.data.AUTOTUNE
-
-
-def mixing_weights(sizes: Sequence[float], alpha: float) -> list:
-  """p_i = n_i^alpha / sum_j n_j^alpha (XLM-R, Conneau et al. 2020, eq. 1)."""
-  w = [float(n) ** alpha if n > 0 else 0.0 for n in sizes]
-  total = sum(w)
-  if total <= 0:
-    raise sources_lib.DataError(f"all source sizes are zero: {list(sizes)}")
-  return [x / total for x in w]
 
 
 def _as_written(fn):
@@ -172,6 +173,42 @@ class _Packer:
                 positions=scatter(pos),
                 word_starts=scatter(ws.flat_values))
 
+  def segmented_best(self, doc_batches: tf.data.Dataset, to_ids, finite: bool,
+                     window: int) -> tf.data.Dataset:
+    """Best-fit packing of documents (chunks) over `window` open rows carried across batches.
+
+    The chunking stays a parallel map; the packing is one sequential scan whose state is the open
+    rows ([window, seq_len] per feature), so it is a pure function of the document stream, which
+    the seed and file order fix (resume replays it). A finite stream ends with a flush.
+    """
+    s = self.seq_len
+
+    def chunks(b):
+      ids, ws = self._chunks(to_ids(b), s - 2)
+      return (tf.cast(ids.flat_values, tf.int32), tf.cast(ws.flat_values, tf.int32),
+              tf.cast(ids.row_lengths(), tf.int32), tf.constant(False))
+
+    groups = doc_batches.map(_as_written(chunks), num_parallel_calls=self.npc)
+    if finite:
+      empty = tf.zeros([0], tf.int32)
+      groups = groups.concatenate(tf.data.Dataset.from_tensors((empty, empty, empty, tf.constant(True))))
+    rows = tf.fill([window, s], tf.constant(self.pad, tf.int32))
+    zeros = tf.zeros([window, s], tf.int32)
+    init = (rows, zeros, zeros, zeros, tf.zeros([window], tf.int32), tf.fill([window], tf.constant(-1, tf.int64)))
+    fn = functools.partial(_best_fit_step, s, window, self.pad)
+
+    def step(state, group):
+      out = tf.numpy_function(fn, [*state, *group], [tf.int32] * 5 + [tf.int64] + [tf.int32] * 4,
+                              stateful=False)
+      for t in out[:4]:
+        t.set_shape([window, s])
+      for t in out[4:6]:
+        t.set_shape([window])
+      for t in out[6:]:
+        t.set_shape([None, s])
+      return tuple(out[:6]), dict(zip(FEATURES, out[6:]))
+
+    return groups.scan(init, step).unbatch()
 
   # -- concat ------------------------------------------------------------------------------
   def concat(self, doc_batches: tf.data.Dataset, to_ids, finite: bool) -> tf.data.Dataset:
@@ -219,6 +256,45 @@ class _Packer:
     return pieces.scan(init, step).unbatch()
 
 
+def _best_fit_step(seq_len, window, pad, ids, ws, seg, pos, fill, row, chunk_ids, chunk_ws, lens,
+                   flush):
+  """One batch of chunks (BOS/EOS included) into the open rows -> (new open rows, closed rows).
+
+  Open rows: [window, seq_len] ids, word starts, segment ids, positions, then each row's fill and
+  number (best_fit.Window's state); the closed rows come out as four [closed, seq_len] arrays in
+  the order of FEATURES (input_ids, segment_ids, positions, word_starts).
+  """
+  ids, ws, seg, pos = (np.array(a) for a in (ids, ws, seg, pos))   # the inputs are TF's buffers
+  win = best_fit.Window(seq_len, window, fill, row)
+  slots, offsets, _, closed = win.place(lens.tolist())
+  starts = (np.cumsum(lens) - lens).tolist()
+  out = []
+
+  def emit(slot):
+    out.append((ids[slot].copy(), seg[slot].copy(), pos[slot].copy(), ws[slot].copy()))
+    ids[slot], ws[slot], seg[slot], pos[slot] = pad, 0, 0, 0
+
+  c = 0
+  for i, n in enumerate(lens.tolist()):
+    while c < len(closed) and closed[c][0] == i:
+      emit(closed[c][1])
+      c += 1
+    k, a, b = slots[i], offsets[i], starts[i]
+    ids[k, a:a + n] = chunk_ids[b:b + n]
+    ws[k, a:a + n] = chunk_ws[b:b + n]
+    seg[k, a:a + n] = seg[k, a - 1] + 1 if a else 1
+    pos[k, a:a + n] = np.arange(n)
+  for _, slot, _ in closed[c:]:
+    emit(slot)
+  new_fill, new_row = np.asarray(win.fill, np.int32), np.asarray(win.row, np.int64)
+  if flush:
+    for slot in win.open_slots():
+      emit(slot)
+    new_fill[:], new_row[:] = 0, -1
+  done = [np.stack([o[f] for o in out]) if out else np.zeros([0, seq_len], np.int32) for f in range(4)]
+  return (ids, ws, seg, pos, new_fill, new_row, *done)
+
+
 def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, tokenize, tokenize_batch: int):
   """Documents -> (batches of documents, batch -> ragged int32 ids).
 
@@ -233,7 +309,7 @@ def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, tokenize, tokenize_b
 def _source_sizes(srcs, overrides: Sequence[str]) -> list:
   given = {}
   for item in overrides:
-    name, value = sources_lib.split_named(item)
+    name, value = specs.split_named(item)
     try:
       given[name] = float(value)
     except ValueError:
@@ -247,16 +323,22 @@ def _source_sizes(srcs, overrides: Sequence[str]) -> list:
 def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, seed: int,
                   process_index: int = 0, process_count: int = 1, split: str = "train",
                   stats: Optional[sources_lib.Stats] = None, with_source: bool = False,
-                  repeat: Optional[bool] = None) -> tf.data.Dataset:
+                  repeat: Optional[bool] = None, fit: Optional[str] = None) -> tf.data.Dataset:
   """The batched tf.data.Dataset behind `Pipeline` (no prefetch; options applied).
 
   `repeat=False` on the train split gives exactly one epoch of every source (tests, tools),
   ending like eval with the last partial row flushed and the last batch filled with padding.
+  `fit`: the segmented packing's fit, if not `data.packing_fit` (absent: 'next', see packing_fit).
   """
   c = data_config
   if split not in ("train", "eval"):
     raise sources_lib.DataError(f"split={split!r}: expected 'train' or 'eval'")
   choices.check("data.packing", c.packing)
+  fit = fit or packing_fit(c)
+  choices.check("data.packing_fit", fit)
+  window = int(c.get("packing_window", 256))
+  if window < 1:
+    raise sources_lib.DataError(f"data.packing_window={window}: need at least 1 open row")
   if batch_size < 1:
     raise sources_lib.DataError(f"batch_size={batch_size}: must be >= 1 per host")
   train = split == "train"
@@ -288,8 +370,12 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
       docs = docs.shuffle(c.shuffle_buffer, seed=_seed(seed, 2, i, process_index),
                           reshuffle_each_iteration=True)
     doc_batches, to_ids = _doc_batches(docs, src.tokenized, tokenize, c.tokenize_batch)
-    pack = packer.segmented if c.packing == "segmented" else packer.concat
-    r = pack(doc_batches, to_ids, finite=not repeat)
+    if c.packing == "concat":
+      r = packer.concat(doc_batches, to_ids, finite=not repeat)
+    elif fit == "best":
+      r = packer.segmented_best(doc_batches, to_ids, finite=not repeat, window=window)
+    else:
+      r = packer.segmented(doc_batches, to_ids, finite=not repeat)
     if with_source:
       r = r.map(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32)))
     rows.append(r)
@@ -306,16 +392,20 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     for r in rows[1:]:
       mixed = mixed.concatenate(r)
 
-  if repeat:
-    batches = mixed.batch(batch_size, drop_remainder=True)
-  else:  # finite: keep the last rows, filled up with padding rows to a full batch
-    pad = tok.pad_id
+  return _batched(mixed, batch_size, c, tok.pad_id, repeat)
 
+
+def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) -> tf.data.Dataset:
+  """Rows -> batches of static shape, with the pipeline's tf.data options. A finite stream keeps
+  its last rows, filled up with padding rows to a full batch."""
+  if repeat:
+    batches = rows.batch(batch_size, drop_remainder=True)
+  else:
     def fill_up(b):
       n = batch_size - tf.shape(b["input_ids"])[0]
       return {k: tf.pad(v, [[0, n]] + [[0, 0]] * (len(v.shape) - 1),
                         constant_values=pad if k == "input_ids" else 0) for k, v in b.items()}
-    batches = mixed.batch(batch_size).map(fill_up)
+    batches = rows.batch(batch_size).map(fill_up)
   shape = [batch_size, c.seq_len]
   batches = batches.map(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)]) for k, v in b.items()})
 
@@ -325,6 +415,11 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
   if c.threads > 0:
     options.threading.private_threadpool_size = c.threads
   return batches.with_options(options)
+
+
+def packing_fit(data_config) -> str:
+  """data.packing_fit; a config without it (written before best-fit packing) reads as 'next'."""
+  return data_config.get("packing_fit", "next")
 
 
 def new_stats(data_config) -> sources_lib.Stats:
@@ -347,6 +442,15 @@ def thread_settings(data_config) -> dict:
               tf_intra_op=tf.config.threading.get_intra_op_parallelism_threads())
 
 
+_LIVE = weakref.WeakSet()   # Pipelines with a running iterator, stopped before interpreter shutdown
+
+
+@atexit.register
+def _close_all() -> None:
+  for p in list(_LIVE):
+    p.close()
+
+
 def _input_error(message: str) -> str:
   """A strict-mode assertion or a check_gzip DataError, raised inside tf.data -> one line."""
   text = " ".join(message.split())
@@ -363,13 +467,14 @@ class Pipeline:
   def __init__(self, data_config, tokenizer: Union[tokenizer_lib.Tokenizer, str],
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
                split: str = "train"):
-    self.tokenizer = (tokenizer_lib.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
+    self.tokenizer = (tokenizer_load.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
     self.config = data_config
     self.batch_size, self.seed, self.split = batch_size, seed, split
     self.process_index, self.process_count = process_index, process_count
     self._stats = new_stats(data_config)
+    self.fit = packing_fit(data_config)
     self._dataset = build_dataset(data_config, self.tokenizer, batch_size, seed, process_index,
-                                  process_count, split, stats=self._stats)
+                                  process_count, split, stats=self._stats, fit=self.fit)
     self._batches = 0
     self._iterator = None
 
@@ -377,10 +482,13 @@ class Pipeline:
   def dataset(self) -> tf.data.Dataset:
     return self._dataset
 
-  @functools.cached_property
-  def _fingerprints(self) -> tuple:
-    """(this stream's fingerprint, the one checkpoints written before it named the tokenizer by its
-    sha256 carry: vocabulary size only), so that those still resume."""
+  def _fingerprint(self) -> str:
+    return self._fingerprints(self.fit)[0]
+
+  def _fingerprints(self, fit: Optional[str]) -> tuple:
+    """Fingerprints of this stream packed with `fit` (None: as before data.packing_fit existed,
+    i.e. next-fit): (with the tokenizer's sha256, without it as checkpoints written before that
+    carry: vocabulary size only), so that those still resume."""
     c = self.config
     key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources),
                eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
@@ -388,12 +496,23 @@ class Pipeline:
                shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files,
                seq_len=c.seq_len, tokenize_batch=c.tokenize_batch,
                vocab_size=self.tokenizer.vocab_size)
+    if fit is not None:
+      key["packing_fit"] = fit
+      if fit == "best":
+        key["packing_window"] = int(c.get("packing_window", 256))
     digest = lambda k: hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16]
     return digest(dict(key, tokenizer=self.tokenizer.sha256)), digest(key)
 
   def _start(self, skip: int):
     ds = self._dataset.skip(skip) if skip else self._dataset
     self._iterator = ds.prefetch(max(self.config.prefetch, 1)).as_numpy_iterator()
+    _LIVE.add(self)
+
+  def close(self) -> None:
+    """Stop the tf.data iterator (its threads): Python stages (best-fit packing, Hugging Face
+    tokenizers run in numpy_function) must not be running while the interpreter shuts down, where
+    they wait for a GIL that is never handed over again."""
+    self._iterator = None
 
   def __iter__(self):
     return self
@@ -415,13 +534,24 @@ class Pipeline:
   def get_state(self) -> dict:
     return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
                 batch_size=self.batch_size, process_index=self.process_index,
-                process_count=self.process_count, fingerprint=self._fingerprints[0])
+                process_count=self.process_count, fingerprint=self._fingerprint())
 
   def set_state(self, state: dict) -> None:
-    """Continue after `state['batches']` batches of the same stream (checked by fingerprint)."""
+    """Continue after `state['batches']` batches of the same stream (checked by fingerprint).
+
+    A state saved before data.packing_fit existed continues with next-fit packing, the rows it
+    started on, whatever the config's default now says."""
+    saved = state.get("fingerprint")
+    if saved in self._fingerprints(None) and self.fit != "next":
+      logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
+                      "packing, the rows this run started on (a new run packs by best-fit)")
+      self.fit = "next"
+      self._dataset = build_dataset(self.config, self.tokenizer, self.batch_size, self.seed,
+                                    self.process_index, self.process_count, self.split,
+                                    stats=self._stats, fit=self.fit)
     mine = self.get_state()
-    if state.get("fingerprint") == self._fingerprints[1]:
-      mine["fingerprint"] = state["fingerprint"]
+    if saved in self._fingerprints(self.fit)[1:] + (self._fingerprints(None) if self.fit == "next" else ()):
+      mine["fingerprint"] = saved
     for key in ("seed", "split", "batch_size", "process_index", "process_count", "fingerprint"):
       if key in state and state[key] != mine[key]:
         what = "the data config" if key == "fingerprint" else key

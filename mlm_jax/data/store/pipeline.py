@@ -1,8 +1,9 @@
 """Training and eval batches from token stores, with an O(1) resumable state.
 
-  make_pipeline(data_config, tokenizer, batch_size_local, seed, process_index, process_count,
-                split, cache_dir=None) -> StorePipeline for `store:` sources, else the streaming
-                `pipeline.Pipeline`; both iterate the same batch dicts (see pipeline.py).
+  StorePipeline(data_config, batch_size_local, seed, process_index, process_count, split,
+                cache_dir=None) iterates the same batch dicts as the streaming path's Pipeline
+                (text/pipeline.py); data/input.py chooses between them.
+  is_store(data_config) -> whether data.sources are token stores (they cannot mix with text).
   store_tokenizer_path(data_config) -> the .model inside the store ('' for streaming sources).
 
 Source specs: `store:DIR` (every source of the store, named as in its manifest),
@@ -11,12 +12,12 @@ one source is selected). Several entries, even of several stores, are mixed with
 p_i ∝ n_i^alpha (n_i = training tokens of the source, or `data.source_sizes`).
 
 Global row r of the train split is a pure function of (stores, data config, seed, r), see
-store_index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of P reads only
+index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of P reads only
 rows [b*G + p*G/P, b*G + (p+1)*G/P). The state is the number of global rows consumed plus
 fingerprints, so resuming costs the same at any step, on any process count, and under another
 global batch size. The eval split reads each source's held-out documents once, in order.
 
-This module decides which rows make a batch; store_batch.py writes them into arrays, here or in
+This module decides which rows make a batch; batch.py writes them into arrays, here or in
 `data.store_workers` worker processes that build the next `data.prefetch` batches ahead.
 
 Curricula (`data.mix_alpha_schedule`, `data.source_start_steps`, see mlm_jax/schedules.py) split
@@ -35,15 +36,18 @@ from typing import Optional
 import numpy as np
 
 from mlm_jax import schedules
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import store_batch
-from mlm_jax.data import store_index
-from mlm_jax.data.sources import DataError, split_named
+from mlm_jax.data.specs import mixing_weights, split_named
+from mlm_jax.data.store import batch as store_batch
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import index as store_index
+from mlm_jax.errors import DataError
 
 FEATURES = store_batch.FEATURES
 PERMUTE_BLOCK = 4096
 STATE_VERSION = 1
-# Fields of config.data that decide the store stream (the rest only matter to prepare/streaming).
+# Fields of config.data that decide the store stream (the rest only matter to prepare/streaming);
+# packing_fit and packing_window are added by StorePipeline._key (a state without packing_fit is
+# from before best-fit: it reads as 'next').
 _KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes", "mix_alpha_schedule",
                "source_start_steps")
 
@@ -65,32 +69,23 @@ def store_tokenizer_path(data_config) -> str:
   return store_lib.Store(root).tokenizer_path
 
 
-def make_pipeline(data_config, tokenizer, batch_size_local: int, seed: int,
-                  process_index: int = 0, process_count: int = 1, split: str = "train",
-                  cache_dir: Optional[str] = None):
-  """The iterator the training loop uses, whichever kind of sources the config names."""
-  if is_store(data_config):
-    return StorePipeline(data_config, batch_size_local, seed, process_index, process_count,
-                         split, cache_dir=cache_dir)
-  from mlm_jax.data import pipeline
-  return pipeline.Pipeline(data_config, tokenizer, batch_size_local, seed, process_index,
-                           process_count, split)
-
-
 class _Stream:
   """One source of one store, in one split: its documents and packing index."""
 
-  def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir):
+  def __init__(self, label, store, name, split, seq_len, packing, seed, salt, cache_dir,
+               fit="next", window=0):
     self.label, self.store, self.name, self.split = label, store, name, split
     self._init_order(seed, salt)
     lens = store.lengths(name, split)
     key = dict(store=store.fingerprint, source=name, split=split, seq_len=seq_len,
                packing=packing, seed=seed if split == "train" else None)
+    if store_index.index_version(packing, fit) > 1:   # next-fit keeps the key (and cache) it had
+      key.update(fit=fit, window=window, fit_version=store_index.index_version(packing, fit))
 
     def make():
       n = np.arange(lens.size, dtype=np.int64)
       order = store_index.permute(n, seed, salt, -1, lens.size) if split == "train" else n
-      return store_index.build(lens, seq_len, packing, order)
+      return store_index.build(lens, seq_len, packing, order, fit, window)
 
     self.index = store_index.load_or_build(cache_dir, key, make)
     self.index_dir = store_index.index_folder(cache_dir, key)
@@ -152,17 +147,15 @@ class StorePipeline:
     self.config, self.seed, self.split = c, seed, split
     self.batch_size, self.process_index, self.process_count = batch_size, process_index, process_count
     self.seq_len, self.packing = c.seq_len, c.packing
-    cache_dir = cache_dir or store_index.default_cache_dir()
-    self.streams = self._open(c, seed, cache_dir)
-    tok = self.streams[0].store.manifest["tokenizer"]
-    self.pad_id, self.bos_id, self.eos_id = tok["pad_id"], tok["bos_id"], tok["eos_id"]
-    if split == "train":
-      self._init_mixing(c)
-    else:
-      self._eval_ends = np.cumsum([s.rows for s in self.streams])
+    # A config without packing_fit (an older config.json) packs as runs before best-fit did.
+    self.fit, self.window = c.get("packing_fit", "next"), int(c.get("packing_window", 256))
+    if self.fit not in ("best", "next") or self.window < 1:
+      raise DataError(f"data.packing_fit={self.fit!r}, data.packing_window={self.window}: expected "
+                      "'best' or 'next' and a window of at least 1 open row")
+    self._cache_dir = cache_dir or store_index.default_cache_dir()
+    self._open_streams()
     self._rows = 0
     self._tokens = np.zeros(len(self.streams), np.int64)
-    self._assembler = self._make_assembler()
     # Training batches in worker processes, `prefetch` (at least 2 per worker) started ahead; with
     # none, each batch is built in this process when asked (a thread would only share the GIL with
     # the training step's dispatch). The eval split is small and read now and then: in-process.
@@ -172,6 +165,18 @@ class StorePipeline:
     self._ahead = (_Ahead(self._submit, batch_size * process_count, depth) if self._num_workers else None)
 
   # -- setup -------------------------------------------------------------------------------
+  def _open_streams(self) -> None:
+    """Streams, mixing and assembler for the config and self.fit (set_state may change the fit)."""
+    c = self.config
+    self.streams = self._open(c, self.seed, self._cache_dir)
+    tok = self.streams[0].store.manifest["tokenizer"]
+    self.pad_id, self.bos_id, self.eos_id = tok["pad_id"], tok["bos_id"], tok["eos_id"]
+    if self.split == "train":
+      self._init_mixing(c)
+    else:
+      self._eval_ends = np.cumsum([s.rows for s in self.streams])
+    self._assembler = self._make_assembler()
+
   def _open(self, c, seed, cache_dir):
     if c.tokenizer:
       want = {store_lib.Store(store_lib.parse_store_spec(split_named(e)[1])[0]).root
@@ -201,10 +206,10 @@ class StorePipeline:
     return streams
 
   def _stream(self, label, store, name, c, seed, salt, cache_dir):
-    return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir)
+    return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir,
+                   self.fit, self.window)
 
   def _init_mixing(self, c):
-    from mlm_jax.data.pipeline import mixing_weights
     given = dict(split_named(x) for x in c.source_sizes)
     labels = [s.label for s in self.streams]
     unknown = set(given) - set(labels)
@@ -329,7 +334,9 @@ class StorePipeline:
     c = self.config
     key = {f: (list(c[f]) if isinstance(c[f], (tuple, list)) else c[f]) for f in _KEY_FIELDS}
     key.update(seed=self.seed, split=self.split, mix_block=store_index.MIX_BLOCK,
-               index_version=store_index.INDEX_VERSION)
+               index_version=store_index.index_version(self.packing, self.fit), packing_fit=self.fit)
+    if self.fit == "best":
+      key["packing_window"] = self.window
     if self.split == "train" and schedules.has_data_schedule(c):
       key["global_batch"] = self.batch_size * self.process_count   # phases are in steps
     return key
@@ -347,12 +354,13 @@ class StorePipeline:
     if state.get("kind") != "store":
       raise DataError("cannot resume from a streaming-pipeline data state with a token store "
                       "(data.sources changed from text to store:)")
+    self._adopt_fit(state)
     mine = self.get_state()
     for label, fp in state["stores"].items():
       if mine["stores"].get(label) != fp:
         raise DataError(f"cannot resume: store of source {label!r} differs from the checkpoint "
                         f"(manifest fingerprint {fp} saved, {mine['stores'].get(label)} now)")
-    for k, v in state["config"].items():
+    for k, v in sorted(state["config"].items(), key=lambda kv: kv[0] == "index_version"):  # the cause first
       if mine["config"].get(k) != v:
         what = (k if k in ("seed", "split", "mix_block", "index_version") else
                 "train.batch_size (data phases are in steps)" if k == "global_batch" else f"data.{k}")
@@ -361,8 +369,24 @@ class StorePipeline:
     self._rows = int(state["rows"])
     self._tokens[:] = [state.get("tokens_local", {}).get(s.label, 0) for s in self.streams]
 
+  def _adopt_fit(self, state: dict) -> None:
+    """A state saved before data.packing_fit existed continues with the next-fit rows it started on,
+    whatever the config's default now says (a state that names its fit must match it, as seq_len must)."""
+    if "packing_fit" in state.get("config", {}) or self.fit == "next":
+      return
+    logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
+                    "packing, the rows this run started on (a new run packs by best-fit)")
+    self.fit = "next"
+    if self._workers is not None:
+      self._workers.close()
+      self._workers = None
+    if self._ahead:
+      self._ahead.drop()
+    self._open_streams()
+
   def stats(self) -> dict:
-    """Per source: global rows and epochs consumed, real tokens this process read."""
+    """Per source: global rows and epochs consumed, real tokens this process read, and the share of
+    its rows' slots that hold a real token (BOS/EOS included; exact over an epoch)."""
     out, extra = {}, {}
     if self.split == "train":
       rows = self.consumed(self._rows)
@@ -376,7 +400,8 @@ class StorePipeline:
     for i, s in enumerate(self.streams):
       out[s.label] = dict(rows=int(rows[i]), epochs=float(rows[i]) / s.rows if s.rows else 0.0,
                           tokens_local=int(self._tokens[i]),
-                          tokens=int(round(rows[i] * s.tokens_per_row)))
+                          tokens=int(round(rows[i] * s.tokens_per_row)),
+                          real_fraction=s.tokens_per_row / self.seq_len)   # of its rows' slots, per epoch
       if self.split == "train":
         out[s.label]["weight"] = float(weights[i])
     return dict(rows=self._rows, sources=out, **extra)

@@ -3,12 +3,14 @@
 Everything here is a pure function of (store, data config, seed), so global row r of the
 training stream can be located in O(1) for any r, on any host, after any restart:
 
-* packing index, per (source, split, seq_len, packing, seed): documents in a seeded order
-  packed into rows once, in O(documents). Row j is a list of pieces (document, start, length).
-  `segmented`: next-fit of whole documents, each with BOS/EOS, a longer document split into
-  chunks of seq_len-2 tokens (as the streaming pipeline packs); `concat`: the documents'
-  BOS doc EOS stream cut every seq_len tokens (RoBERTa FULL-SENTENCES). Saved as .npy files in
-  a cache directory (stores may be read-only) and memory-mapped.
+* packing index, per (source, split, seq_len, packing, fit, seed): documents in a seeded order
+  packed into rows once. Row j is a list of pieces (document, start, length). `segmented`:
+  whole documents, each with BOS/EOS, a longer document split into chunks of seq_len-2 tokens
+  (its tail packed like a short document), packed by best-fit over a window of open rows
+  (best_fit.py; `data.packing_fit='best'`, O(documents x log rooms)) or by next-fit in the
+  seeded order ('next', the packing of indexes before version 2, O(documents)); `concat`: the
+  documents' BOS doc EOS stream cut every seq_len tokens (RoBERTa FULL-SENTENCES). Saved as .npy
+  files in a cache directory (stores may be read-only) and memory-mapped.
 * epochs: epoch e of a source with R rows visits its rows in the order of a stateless
   permutation of [0, R) keyed by (seed, source, e) (`tf.random.experimental.index_shuffle`).
   The packing is built once and the rows are reshuffled each epoch: every epoch has the same
@@ -25,7 +27,11 @@ import tempfile
 
 import numpy as np
 
-INDEX_VERSION = 1
+INDEX_VERSION = 1   # of the cache folder's format (the files below)
+# The packing's version (index_version), in the index cache key and in the data state: 1 = next-fit
+# (unchanged since the first stores, so caches and states saved before best-fit existed still
+# match), 2 = best-fit.
+_FIT_VERSION = {"next": 1, "best": 2}
 MIX_BLOCK = 4096
 _ARRAYS = ("piece_doc", "piece_start", "piece_len", "row_ptr", "row_tokens")
 
@@ -52,7 +58,31 @@ def _next_fit(wrapped: np.ndarray, seq_len: int) -> np.ndarray:
   return np.asarray(starts, np.int64)
 
 
-def _segmented(order, lens, seq_len):
+def index_version(packing: str, fit: str) -> int:
+  """The version of the index that (packing, fit) builds (concat rows do not depend on the fit)."""
+  return _FIT_VERSION[fit] if packing == "segmented" else 1
+
+
+def _best_fit(wrapped: np.ndarray, seq_len: int, window: int) -> np.ndarray:
+  """The row of each item of a best-fit packing of items of these lengths (<= seq_len), rows
+  numbered 0.. in the order they were opened.
+
+  The rows still open when the items run out (up to `window`, often half full: a few % of a small
+  source's rows) are packed again, their items longest first (best-fit decreasing, which fills
+  rows nearly completely when the sizes vary): offline, the index can see the end coming.
+  """
+  from mlm_jax.data import best_fit
+  win = best_fit.Window(seq_len, window)
+  rows = np.frombuffer(win.place(wrapped.tolist())[2], np.int64).copy()
+  tail = np.nonzero(np.isin(rows, [win.row[k] for k in win.open_slots()]))[0]
+  if tail.size > 1:
+    by_size = tail[np.argsort(-wrapped[tail], kind="stable")]
+    again = best_fit.Window(seq_len, tail.size).place(wrapped[by_size].tolist())[2]
+    rows[by_size] = win.rows + np.frombuffer(again, np.int64)
+  return np.unique(rows, return_inverse=True)[1].reshape(-1)   # rows 0.., no gaps
+
+
+def _segmented(order, lens, seq_len, fit="next", window=0):
   body = seq_len - 2
   ol = lens[order].astype(np.int64)
   n_chunks = np.maximum((ol + body - 1) // body, 1)
@@ -61,7 +91,13 @@ def _segmented(order, lens, seq_len):
   k = np.arange(doc.size) - first
   start = k * body
   length = np.minimum(np.repeat(ol, n_chunks) - start, body)
-  starts = _next_fit(length + 2, seq_len) if doc.size else np.zeros(0, np.int64)
+  if fit == "best" and doc.size:
+    row = _best_fit(length + 2, seq_len, window)
+    by_row = np.argsort(row, kind="stable")    # a row's pieces together, in the order placed
+    doc, start, length = doc[by_row], start[by_row], length[by_row]
+    starts = np.searchsorted(row[by_row], np.arange(int(row.max()) + 1))
+  else:
+    starts = _next_fit(length + 2, seq_len) if doc.size else np.zeros(0, np.int64)
   row_ptr = np.append(starts, doc.size)
   row_tokens = np.add.reduceat(length + 2, starts) if doc.size else np.zeros(0, np.int64)
   return doc, start, length, row_ptr, row_tokens
@@ -85,9 +121,13 @@ def _concat(order, lens, seq_len):
   return order[doc_pos], lo - cum[doc_pos], hi - lo, row_ptr, row_tokens
 
 
-def build(lens: np.ndarray, seq_len: int, packing: str, order: np.ndarray) -> dict:
-  fn = _segmented if packing == "segmented" else _concat
-  arrays = fn(np.asarray(order, np.int64), lens, seq_len)
+def build(lens: np.ndarray, seq_len: int, packing: str, order: np.ndarray, fit: str = "next",
+          window: int = 0) -> dict:
+  order = np.asarray(order, np.int64)
+  if packing == "segmented":
+    arrays = _segmented(order, lens, seq_len, fit, window)
+  else:
+    arrays = _concat(order, lens, seq_len)
   dtypes = (np.int64, np.int32, np.int32, np.int64, np.int32)
   return {k: np.asarray(a, d) for k, a, d in zip(_ARRAYS, arrays, dtypes)}
 

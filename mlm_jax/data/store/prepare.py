@@ -1,4 +1,4 @@
-"""Prepare once: text sources -> token store (see mlm_jax/data/store.py for the format).
+"""Prepare once: text sources -> token store (see mlm_jax/data/store/format.py for the format).
 
 Work is cut into units that depend only on the sources (one unit per input file; a TFDS split
 in `TFDS_UNITS` percent slices), never on the number of workers or tasks, and each unit's files
@@ -13,7 +13,7 @@ are a pure function of its input and the options. So the store's bytes do not de
   tokenizer into the same directory is a one-line error rather than a mixed store.
 
 The held-out split is decided here by the same stable hash as the streaming path's
-`eval_percent` (FarmHash of the document text, `sources._holdout_keep`), so a corpus holds out
+`eval_percent` (FarmHash of the document text, `text/sources.py:_holdout_keep`), so a corpus holds out
 the same documents on both paths.
 """
 import dataclasses
@@ -29,10 +29,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from array_record.python import array_record_module as ar
 
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import text_reader
-from mlm_jax.data import tokenizer as tokenizer_lib
-from mlm_jax.data.sources import DataError, list_files, parse_sources
+from mlm_jax.data.specs import list_files, parse_named
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import reader as text_reader
+from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.tokenizers import load as tokenizer_load
+from mlm_jax.errors import DataError
 
 TFDS_UNITS = 16
 _BATCH = 256  # documents per tokenizer call
@@ -50,11 +52,14 @@ class Options:
   tfds_data_dir: str = ""
   strict: bool = False
 
-  def key(self, tokenizer_sha256: str) -> dict:
-    return dict(format_version=store_lib.FORMAT_VERSION, sources=list(self.sources),
-                tokenizer_sha256=tokenizer_sha256, doc_format=self.doc_format,
-                eval_percent=self.eval_percent, max_line_bytes=self.max_line_bytes,
-                tfds_units=TFDS_UNITS)
+  def key(self, tokenizer_sha256: str, family: str = "") -> dict:
+    key = dict(format_version=store_lib.FORMAT_VERSION, sources=list(self.sources),
+               tokenizer_sha256=tokenizer_sha256, doc_format=self.doc_format,
+               eval_percent=self.eval_percent, max_line_bytes=self.max_line_bytes,
+               tfds_units=TFDS_UNITS)
+    if family == "bpe":   # pinned: a prepare begun before this encoding cannot be finished with it
+      key["later_lines"] = "space_prefixed"
+    return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +77,7 @@ def plan(opts: Options) -> list:
   if opts.doc_format not in ("line", "blank_line"):
     raise DataError(f"doc_format={opts.doc_format!r}: expected 'line' or 'blank_line'")
   units = []
-  for src in parse_sources(opts.sources, opts.tfds_data_dir):
+  for src in parse_named(opts.sources):
     if src.spec.kind == "tfds":
       split, feature = src.spec.arg.split(":")
       for k in range(TFDS_UNITS):
@@ -106,6 +111,10 @@ class _Encoder:
     self.after_space = None if after is None else np.asarray(after, np.int32)
     self.dtype = store_lib.id_dtype(tok.vocab_size)
     self.eval_buckets = int(round(eval_percent * 100))
+    # Byte-level BPE marks a word after a space ('Ġ'), and the streaming path joins a document's
+    # lines with spaces: a later line is encoded as ' ' + line so that both paths give the same ids.
+    # (sentencepiece and WordPiece give the same ids either way.)
+    self.space_lines = tok.family == "bpe"
 
   def in_eval(self, keys: Sequence) -> np.ndarray:
     if self.eval_buckets <= 0 or not keys:
@@ -115,7 +124,7 @@ class _Encoder:
 
   def records(self, docs: list) -> list:
     """[[line, ...]] -> [(record bytes, n_tokens) or None for a document without tokens]."""
-    flat = [line for d in docs for line in d]
+    flat = [" " + line if j and self.space_lines else line for d in docs for j, line in enumerate(d)]
     ids = self.tok.encode_batch(flat)
     out, i = [], 0
     for d in docs:
@@ -253,7 +262,7 @@ _WORKER = {}
 
 def _init_worker(opts: Options, docs, tokens):
   logging.getLogger().setLevel(logging.WARNING)
-  _WORKER.update(enc=_Encoder(tokenizer_lib.load(opts.tokenizer), opts.eval_percent),
+  _WORKER.update(enc=_Encoder(tokenizer_load.load(opts.tokenizer), opts.eval_percent),
                  opts=opts, docs=docs, tokens=tokens)
 
 
@@ -281,7 +290,7 @@ def _pin_options(root: str, opts: Options, tok: tokenizer_lib.Tokenizer) -> str:
     if not os.path.exists(path):
       _write_atomic(path, lambda t, data=data: _write_bytes(t, data))
   sha = tok.sha256
-  key = opts.key(sha)
+  key = opts.key(sha, tok.family)
   pinned = os.path.join(root, "prepare.json")
   if not os.path.exists(pinned):
     _write_atomic(pinned, lambda t: _write_json(t, key))
@@ -302,7 +311,7 @@ def prepare(opts: Options, root: str, *, num_workers: int = 1, task_index: int =
   if not 0 <= task_index < num_tasks:
     raise DataError(f"--task_index={task_index} not in [0, --num_tasks={num_tasks})")
   store_lib.check_local(root)
-  tok = tokenizer_lib.load(opts.tokenizer)
+  tok = tokenizer_load.load(opts.tokenizer)
   os.makedirs(root, exist_ok=True)
   sha = _pin_options(root, opts, tok)
   units = plan(opts)
@@ -371,14 +380,14 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
     for k, v in marker["stats"].items():
       src["stats"][k] += v
     src["units"].append(marker)
-  for src in parse_sources(opts.sources, opts.tfds_data_dir):
+  for src in parse_named(opts.sources):
     if src.name in sources:
       sources[src.name]["spec"] = src.spec_str
   tok_files = {n: store_lib.sha256_file(os.path.join(root, store_lib.TOKENIZER_DIR, n))
                for n in sorted(os.listdir(os.path.join(root, store_lib.TOKENIZER_DIR)))
                if ".tmp-" not in n}
   manifest = dict(
-      format_version=store_lib.FORMAT_VERSION, options=opts.key(sha),
+      format_version=store_lib.FORMAT_VERSION, options=opts.key(sha, tok.family),
       tokenizer=dict(model=f"{store_lib.TOKENIZER_DIR}/{tok.main_file}", sha256=sha, family=tok.family,
                      files=tok_files, vocab_size=tok.vocab_size, layout=tok.layout,
                      pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
