@@ -173,3 +173,36 @@ def test_an_electra_run_that_could_not_export_is_refused_at_start(tmp_path):
   c = electra_small.get_config("demo")
   c.model.vocab_size = 128
   resolve.resolve_for_compile(c, platform="cpu")   # the fix named resolves
+
+
+def test_held_out_auc_precision_recall_and_sampled_accuracy(scanned_pair):
+  """The eval sums' logit histograms give the AUC up to the bin width; on the real pair the
+  histograms count every real token once, and precision / recall / sampled accuracy agree with the
+  forward pass's own labels, logits and samples."""
+  rng = np.random.default_rng(0)
+  pos, neg = rng.normal(1.0, 1.5, 4000), rng.normal(0.0, 1.5, 6000)
+  exact = (pos[:, None] > neg[None, :]).mean()
+  hist = lambda x: electra.logit_histogram(jnp.asarray(x), jnp.ones(len(x)))
+  assert abs(electra.histogram_auc(hist(pos), hist(neg)) - exact) < 0.005
+  assert electra.histogram_auc(hist(pos + 20.0), hist(neg - 20.0)) == 1.0   # beyond the range: end bins
+  assert electra.histogram_auc(hist(neg), hist(neg)) == pytest.approx(0.5)
+
+  config, graphdef, params = scanned_pair
+  obj, key = electra.Electra(config), jax.random.key(7)
+  sums = jax.device_get(jax.jit(lambda p, b: obj.evaluate(nnx.merge(graphdef, p), b, key))(params, _batch()))
+  batch, out, _ = _forward(config, graphdef, params, _batch(), key)
+  labels, logits, real = out["labels"], out["disc_logits"], np.asarray(batch["segment_ids"] > 0, np.float32)
+  assert sums["disc_logit_hist_replaced"].sum() == labels.sum() > 0
+  assert sums["disc_logit_hist_kept"].sum() == real.sum() - labels.sum()
+  rates = obj.summarize_eval(sums)
+  said = (logits > 0) * real
+  assert rates["disc_recall"] == pytest.approx((said * labels).sum() / labels.sum())
+  assert rates["disc_precision"] == pytest.approx((said * labels).sum() / max(said.sum(), 1))
+  slots = np.asarray(batch["masked_weights"], np.float32)
+  assert rates["sampled_accuracy"] == pytest.approx(((out["sampled"] == batch["masked_labels"]) * slots).sum() / slots.sum())
+  width = 2 * electra.AUC_RANGE / electra.AUC_BINS   # the exact AUC of the binned logits, ties half
+  binned = np.floor((np.clip(logits, -8, 8 - width / 2) + electra.AUC_RANGE) / width)
+  p, n = binned[(labels > 0) & (real > 0)], binned[(labels == 0) & (real > 0)]
+  pairs = (p[:, None] > n[None, :]) + 0.5 * (p[:, None] == n[None, :])
+  assert rates["disc_auc"] == pytest.approx(pairs.mean())
+  assert {"perplexity", "mlm_loss", "disc_loss"} <= set(rates)

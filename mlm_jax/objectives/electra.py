@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from mlm_jax import flops, masking, model as model_lib, schedules
@@ -25,6 +26,27 @@ from mlm_jax.objectives import sparse_loss
 from mlm_jax.objectives.electra_pair import (ElectraPair, corrupt, discriminator_config, generator_config,
                                              sample_slots)
 from mlm_jax.objectives.mlm import MLM
+
+
+# The discriminator's held-out AUC comes from histograms of its logits (fixed bins, summed on device
+# like every metric): 1024 bins over [-8, 8] (outside: the end bins) resolve logit differences of
+# 1/64; two scores in one bin count as a tie (half), so the AUC is exact up to that resolution.
+AUC_BINS, AUC_RANGE = 1024, 8.0
+
+
+def logit_histogram(logits, weights):
+  """[AUC_BINS] weighted counts of `logits` in fixed bins over [-AUC_RANGE, AUC_RANGE]."""
+  scaled = (logits.astype(jnp.float32) + AUC_RANGE) * (AUC_BINS / (2 * AUC_RANGE))
+  bins = jnp.clip(jnp.floor(scaled), 0, AUC_BINS - 1).astype(jnp.int32)
+  return jnp.zeros((AUC_BINS,), jnp.float32).at[bins.reshape(-1)].add(weights.reshape(-1).astype(jnp.float32))
+
+
+def histogram_auc(positive, negative) -> float:
+  """P(score of a positive > score of a negative) (+ half the ties) from two histograms on the same bins."""
+  positive, negative = np.asarray(positive, np.float64), np.asarray(negative, np.float64)
+  below = np.cumsum(negative) - negative   # negatives in lower bins
+  pairs = positive.sum() * negative.sum()
+  return float((positive * (below + 0.5 * negative)).sum() / pairs) if pairs else float("nan")
 
 
 class Electra(MLM):
@@ -121,10 +143,14 @@ class Electra(MLM):
     hidden_d = disc(corrupted, seg, pos, tt, dropout_key=disc_key, activation_sharding=activation_sharding)
     disc_logits = pair.rtd_head(hidden_d, disc.dtype)
     bce = optax.sigmoid_binary_cross_entropy(disc_logits, labels)
-    correct = ((disc_logits > 0).astype(jnp.float32) == labels).astype(jnp.float32)
+    said = (disc_logits > 0).astype(jnp.float32) * real   # "replaced", at threshold 0
+    correct = (said == labels).astype(jnp.float32)
+    slot_weights = batch["masked_weights"].astype(jnp.float32)
+    sampled_correct = (sampled == batch["masked_labels"]).astype(jnp.float32) * slot_weights
     sums = dict(mlm, disc_loss_sum=(bce * real).sum(), disc_correct_sum=(correct * real).sum(), num_tokens=real.sum(),
-                replaced_sum=labels.sum())
-    return dict(sums=sums, sampled=sampled, corrupted=corrupted, labels=labels, disc_logits=disc_logits)
+                replaced_sum=labels.sum(), disc_true_positive_sum=(said * labels).sum(), disc_said_replaced_sum=said.sum(),
+                sampled_correct_sum=sampled_correct.sum())
+    return dict(sums=sums, sampled=sampled, corrupted=corrupted, labels=labels, disc_logits=disc_logits, real=real)
 
   def loss_sums(self, pair, batch, dropout_key, activation_sharding=None):
     sums = self.forward(pair, batch, dropout_key, activation_sharding)["sums"]
@@ -132,17 +158,35 @@ class Electra(MLM):
     return sums["loss_sum"] + self.disc_weight * ratio * sums["disc_loss_sum"], sums
 
   def evaluate(self, pair, batch, key, activation_sharding=None):
-    return self.loss_sums(pair, self.prepare(batch, key), None, activation_sharding)[1]
+    """The step's sums plus histograms of the discriminator's logits on replaced and on kept tokens,
+    from which `summarize_eval` computes the AUC (held-out evaluations add them up exactly)."""
+    out = self.forward(pair, self.prepare(batch, key), None, activation_sharding)
+    replaced, kept = out["labels"], out["real"] * (1.0 - out["labels"])
+    return dict(out["sums"], disc_logit_hist_replaced=logit_histogram(out["disc_logits"], replaced),
+                disc_logit_hist_kept=logit_histogram(out["disc_logits"], kept))
 
   def summarize(self, sums) -> dict:
+    """Losses and accuracies; the discriminator's precision and recall of 'replaced' (threshold 0: a
+    discriminator that learned only the base rate says 'kept' everywhere, at accuracy = the kept
+    share); and how often the generator's sample is the original token (the reference's
+    sampled_masked_lm_accuracy: near 1, replacements are rare and the task is easy)."""
     n = max(float(sums["num_predictions"]), 1.0)
     t = max(float(sums["num_tokens"]), 1.0)
     mlm_loss, disc_loss = float(sums["loss_sum"]) / n, float(sums["disc_loss_sum"]) / t
+    tp = float(sums["disc_true_positive_sum"])
     return dict(loss=mlm_loss + self.disc_weight * disc_loss, mlm_loss=mlm_loss,
                 accuracy=float(sums["correct_sum"]) / n, disc_loss=disc_loss,
-                disc_accuracy=float(sums["disc_correct_sum"]) / t, replaced=float(sums["replaced_sum"]) / t)
+                disc_accuracy=float(sums["disc_correct_sum"]) / t, replaced=float(sums["replaced_sum"]) / t,
+                disc_precision=tp / max(float(sums["disc_said_replaced_sum"]), 1.0),
+                disc_recall=tp / max(float(sums["replaced_sum"]), 1.0),
+                sampled_accuracy=float(sums["sampled_correct_sum"]) / n)
+
+  def summarize_eval(self, sums) -> dict:
+    return dict(super().summarize_eval(sums), disc_auc=histogram_auc(sums["disc_logit_hist_replaced"],
+                                                                     sums["disc_logit_hist_kept"]))
 
   @staticmethod
   def console(m: dict) -> str:
     return (f"loss {m['loss']:.4f}  mlm {m['mlm_loss']:.4f} acc {m['accuracy']:.3f}  disc {m['disc_loss']:.4f} "
-            f"acc {m['disc_accuracy']:.3f}  replaced {m['replaced']:.3f}")
+            f"acc {m['disc_accuracy']:.3f} P {m['disc_precision']:.2f} R {m['disc_recall']:.2f}  "
+            f"replaced {m['replaced']:.3f}")
