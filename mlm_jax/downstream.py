@@ -19,11 +19,11 @@ import os  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
+from mlm_jax import finetune  # noqa: E402  (its --init_from and --workdir are this binary's too)
 from mlm_jax.errors import ConfigError  # noqa: E402
 from mlm_jax.tasks import suite  # noqa: E402
 
-_INIT_FROM = flags.DEFINE_string("init_from", None, "Pretraining workdir, from_hf folder or transformers folder.")
-_WORKDIR = flags.DEFINE_string("workdir", "", "Output folder (default: INIT_FROM/downstream_MODE[_random_init]).")
+FLAGS = flags.FLAGS
 _FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed.")
 _SEEDS = flags.DEFINE_integer("seeds", 0, "Seeds per task (default: 3, or 1 with --fast).")
 _TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(suite.BY_NAME)} (default: all).")
@@ -47,25 +47,29 @@ def _overrides(items: list) -> dict:
   return out
 
 
-def _workdir() -> str:
-  if _WORKDIR.value:
-    return _WORKDIR.value
-  out = os.path.join(_INIT_FROM.value, f"downstream_{'fast' if _FAST.value else 'full'}"
-                     f"{'_random_init' if _RANDOM.value else ''}")
-  if not os.access(_INIT_FROM.value, os.W_OK):
-    raise ConfigError(f"--init_from={_INIT_FROM.value} is not writable: pass --workdir=OUT for the results")
-  return out
+def _workdir(init_from: str) -> str:
+  """--workdir, else INIT_FROM/downstream_MODE[_random_init]."""
+  if FLAGS.workdir:
+    return FLAGS.workdir
+  if not os.access(init_from, os.W_OK):
+    raise ConfigError(f"--init_from={init_from} is not writable: pass --workdir=OUT for the results")
+  mode = "fast" if _FAST.value else "full"
+  return os.path.join(init_from, f"downstream_{mode}{'_random_init' if _RANDOM.value else ''}")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _INIT_FROM.value:
+  if FLAGS.config is not None:
+    raise app.UsageError("--config is mlm_jax.finetune's: the suite's budgets are configs/finetune/*.py (--set to "
+                         "override a field in all of them)")
+  init_from = FLAGS.init_from
+  if not init_from:
     raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
-  if not os.path.isdir(_INIT_FROM.value):
-    raise ConfigError(f"--init_from={_INIT_FROM.value}: no such folder")
+  if not os.path.isdir(init_from):
+    raise ConfigError(f"--init_from={init_from}: no such folder")
   runtime.start()
-  suite.run_suite(_INIT_FROM.value, _workdir(), tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value,
+  suite.run_suite(init_from, _workdir(init_from), tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value,
                   random_init=_RANDOM.value, pretrain_langs=_LANGS.value, data=_DATA.value,
                   overrides=_overrides(_SET.value))
 

@@ -117,6 +117,22 @@ def extra_evals(task: SuiteTask, data: str) -> dict:
   return out
 
 
+def fit_to_model(config, source: str) -> str:
+  """Sequences no longer than the model's learned positions (the demo model has 64): the budgets are
+  the configs', the model decides how much text it can read. Returns a note for the log, or ''."""
+  with open(os.path.join(source, "config.json"), encoding="utf-8") as f:
+    m = json.load(f).get("model", {})
+  if m.get("positions", "learned") != "learned":
+    return ""
+  limit = int(m.get("max_position_embeddings", 512)) - int(m.get("position_offset", 0))
+  if config.seq_len <= limit:
+    return ""
+  note = f"seq_len {config.seq_len} -> {limit} (the model's positions)"
+  config.seq_len = limit
+  config.task.max_query_length = min(config.task.max_query_length, limit // 4)
+  return note
+
+
 def _result(task: SuiteTask, seed: int, r: dict, seconds: float) -> dict:
   """One task/seed's record: the reported scores (test split) and the zero-shot scores per language."""
   extra = r.get("extra", {})
@@ -145,7 +161,9 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
   for key, value in (overrides or {}).items():
     section, _, name = key.rpartition(".")
     (config[section] if section else config)[name] = value
-  log(f"[downstream] {task.name} seed {seed}: started ({config.train.steps} steps x {config.train.batch_size})")
+  note = fit_to_model(config, init_from)
+  log(f"[downstream] {task.name} seed {seed}: started ({config.train.steps} steps x {config.train.batch_size}"
+      f"{', ' + note if note else ''})")
   t0 = time.time()
   r = finetune.finetune(config, workdir, init_from=init_from, extra_evals=extra_evals(task, data))
   if not r:
