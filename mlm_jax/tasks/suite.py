@@ -32,6 +32,11 @@ from mlm_jax.errors import ConfigError, DataError
 RESULT_FILE = "suite_result.json"
 
 
+def say(message: str) -> None:
+  """Progress on stdout, flushed: a line per task and seed started and finished, also when piped to a file."""
+  print(message, flush=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class SuiteTask:
   name: str                 # the table's row and the folder under OUT
@@ -144,7 +149,7 @@ def _result(task: SuiteTask, seed: int, r: dict, seconds: float) -> dict:
 
 
 def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, data: str, random_init: bool,
-            overrides: dict | None = None, log=print) -> dict:
+            overrides: dict | None = None, log=say) -> dict:
   """Fine-tunes one task with one seed (or reads back the result of a finished run)."""
   from mlm_jax import finetune
   workdir = os.path.join(out, task.name, f"seed{seed}")
@@ -195,7 +200,7 @@ def pretrain_languages(init_from: str, flag: str) -> tuple[list, str]:
 
 def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, seeds: int = 0,
               random_init: bool = False, pretrain_langs: str = "", data: str = "", overrides: dict | None = None,
-              log=print) -> dict:
+              log=say) -> dict:
   """Every selected task x seed (finished ones read back), then the summary, written to OUT/downstream.json
   and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model."""
   from mlm_jax import resolve
@@ -217,7 +222,7 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
   summary = suite_report.summarize(chosen, results, info)
   table = suite_report.format_table(summary)
   with open(os.path.join(out, "downstream.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1, sort_keys=True)
+    json.dump(summary, f, indent=1)   # tasks in the suite's order
   with open(os.path.join(out, "downstream.txt"), "w", encoding="utf-8") as f:
     f.write(table + "\n")
   log(table)
