@@ -142,7 +142,7 @@ def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:
 
 def load_tokenizer(path: str, vocab_size: int | None = None):
   """The tokenizer at `path`, checked against the model's vocabulary size."""
-  from mlm_jax.data import tokenizer as tok_lib
+  from mlm_jax.data.tokenizers import load as tok_lib
   if "://" not in path and not os.path.exists(path):
     raise CheckpointError(f"tokenizer {path}: missing")
   tok = tok_lib.load(path)

@@ -123,6 +123,9 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   # > 0: each tensor's Adam update clipped to this RMS (1.0: the nearest optax equivalent of
   # StableAdamW, mlm_jax/optim.py); 0 = off.
   o.update_clip_rms = 0.0
+  # False: Adam's moments are used without the 1 / (1 - b^t) correction, as in BERT's and ELECTRA's
+  # reference AdamWeightDecayOptimizer (early updates are then smaller by (1 - b1) / sqrt(1 - b2)).
+  o.bias_correction = True
   o.grad_accum_steps = 1
   return o
 

@@ -23,7 +23,7 @@ import ml_collections
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax.convert import checkpoint_io as cio
 from mlm_jax.errors import UserError
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data.tokenizers import base as tok_lib
 
 # Accepted in text for any layout, besides the tokenizer's own mask piece ("[MASK]" for BERT).
 MASK_STRING = "<mask>"

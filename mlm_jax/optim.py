@@ -99,6 +99,26 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
+def scale_by_adam_without_bias_correction(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """Adam's direction m / (sqrt(v) + eps) from the raw moments (BERT's and ELECTRA's reference).
+
+  optax.scale_by_adam always corrects the moments; its state layout is kept, so only the update differs.
+  """
+
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
+
+  def update(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+    direction = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    return direction, optax.ScaleByAdamState(count=state.count + 1, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(o: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
   parts = []
   if o.clip_norm and o.clip_norm > 0:
@@ -107,11 +127,13 @@ def make_optimizer(o: ml_collections.ConfigDict, total_steps: int) -> optax.Grad
   clip_rms = float(o.get("update_clip_rms", 0.0))
   if clip_rms < 0:
     raise ConfigError(f"optimizer.update_clip_rms={clip_rms}: expected >= 0 (0 = off)")
-  if clip_rms > 0:
-    # optax.adamw's own chain with the clipping between the Adam direction and the weight decay.
-    parts += [optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps)), clip_update_rms(clip_rms),
-              optax.add_decayed_weights(float(o.weight_decay), mask=decay_mask),
-              optax.scale_by_learning_rate(schedule)]
+  corrected = bool(o.get("bias_correction", True))
+  if clip_rms > 0 or not corrected:
+    # optax.adamw's own chain, with the clipping between the Adam direction and the weight decay.
+    adam = optax.scale_by_adam if corrected else scale_by_adam_without_bias_correction
+    parts += [adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))]
+    parts += [clip_update_rms(clip_rms)] if clip_rms > 0 else []
+    parts += [optax.add_decayed_weights(float(o.weight_decay), mask=decay_mask), optax.scale_by_learning_rate(schedule)]
   else:   # optax.adamw itself, so optimizer states of runs from before update_clip_rms keep their layout
     parts.append(optax.adamw(schedule, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
                              weight_decay=float(o.weight_decay), mask=decay_mask))

@@ -61,7 +61,7 @@ def check(config: ml_collections.ConfigDict) -> None:
 def _check_curricula(config: ml_collections.ConfigDict) -> None:
   """Data schedules and sentence objectives read a token store: one line saying what to run otherwise."""
   from mlm_jax import schedules
-  from mlm_jax.data import store_pipeline
+  from mlm_jax.data.store import pipeline as store_pipeline
   schedules.data_phases(config.data)   # parses (one ConfigError per bad entry)
   store = bool(config.data.sources) and store_pipeline.is_store(config.data)
   what = ("data.mix_alpha_schedule / data.source_start_steps" if schedules.has_data_schedule(config.data)
@@ -109,8 +109,9 @@ def _substitute_workdir(config: ml_collections.ConfigDict, workdir: str) -> None
 def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
   """`data.tokenizer`, the one a token store carries, or one trained into WORKDIR/tokenizer (once)."""
   from mlm_jax import runtime
-  from mlm_jax.data import store_pipeline
-  from mlm_jax.data import tokenizer as tok_lib
+  from mlm_jax.data.store import pipeline as store_pipeline
+  from mlm_jax.data.tokenizers import load as tok_lib
+  from mlm_jax.data.tokenizers import train as tok_train
   if not config.data.tokenizer:
     config.data.tokenizer = store_pipeline.store_tokenizer_path(config.data)
   path = config.data.tokenizer
@@ -119,9 +120,9 @@ def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
     if not os.path.exists(path) and jax.process_index() == 0:
       t = config.tokenizer
       logging.info("training a %d-piece %s tokenizer on %s", t.vocab_size, t.model_type, config.data.sources)
-      tok_lib.train(list(config.data.sources), path[:-len(".model")], vocab_size=t.vocab_size, layout=t.layout,
-                    model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
-                    seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
+      tok_train.train(list(config.data.sources), path[:-len(".model")], vocab_size=t.vocab_size, layout=t.layout,
+                      model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
+                      seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
     sharding.sync_processes("tokenizer")
   elif not os.path.exists(path) and "://" not in path:
     raise ConfigError(f"data.tokenizer={path!r}: no such file or folder (expected a sentencepiece .model, a "
@@ -260,7 +261,7 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
   config.init_from = source
   tok = ckpt_lib.tokenizer_path(source, src)
   if os.path.exists(tok) or "://" in tok:
-    from mlm_jax.data import tokenizer as tok_lib
+    from mlm_jax.data.tokenizers import load as tok_lib
     wanted = overrides.get("data.tokenizer")   # the same tokenizer (a copy, its folder) is no contradiction
     if wanted and tok_lib.sha256_of(wanted) != tok_lib.sha256_of(tok):
       raise ConfigError(f"--config.data.tokenizer={wanted} contradicts init_from={given} (its tokenizer is {tok})")

@@ -35,56 +35,18 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (with
 _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 60, "A process silent this long fails the job.")
 
 
-class _RowSlice:
-  """Every process reads the whole global batch and keeps its rows (data.per_host='slice')."""
-
-  def __init__(self, pipeline, start: int, size: int):
-    self.pipeline, self.start, self.size = pipeline, start, size
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    return {k: v[self.start:self.start + self.size] for k, v in next(self.pipeline).items()}
-
-  def rewind(self):
-    self.pipeline.rewind()
-
-  def get_state(self):
-    return self.pipeline.get_state()
-
-  def set_state(self, state):
-    self.pipeline.set_state(state)
+def input_kind(config: ml_collections.ConfigDict) -> str:
+  """Which input the objective trains on (data/input.py INPUT_KINDS): sentence pairs or packed rows."""
+  return {"mlm+nsp": "nsp_pairs", "mlm+sop": "sop_pairs"}.get(config.objective, "rows")
 
 
 def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: str):
-  """This process's rows of each global batch.
-
-  A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
-  do not depend on the process count; its packing index is cached in WORKDIR/data_index (a local
-  folder when the workdir is gs://). Streaming text: per_host='shard' (default) has each process
-  read its own disjoint part of the corpus (scales to any corpus and host count); per_host='slice'
-  has each read the whole stream and keep its rows, so the global batches are identical for any
-  process count (small corpora, reproducibility tests).
-  """
-  from mlm_jax.data import pipeline as pipeline_lib
-  from mlm_jax.data import store_index
-  from mlm_jax.data import store_pipeline
-  n, i = jax.process_count(), jax.process_index()
-  local = config.train.batch_size // n
-  cache_dir = store_index.cache_dir_for(workdir)
-  if config.objective in choices.SENTENCE_OBJECTIVES:
-    from mlm_jax.data import sentence_pairs
-    return sentence_pairs.PairPipeline(config.data, config.objective, local, config.seed, i, n, split,
-                                       cache_dir=cache_dir)
-  if store_pipeline.is_store(config.data):
-    return store_pipeline.make_pipeline(config.data, tok, local, config.seed, i, n, split,
-                                        cache_dir=cache_dir)
-  if config.data.per_host == "slice":
-    whole = pipeline_lib.Pipeline(config.data, tok, config.train.batch_size, seed=config.seed, split=split)
-    return _RowSlice(whole, i * local, local)
-  return pipeline_lib.Pipeline(config.data, tok, local, seed=config.seed, process_index=i, process_count=n,
-                               split=split)
+  """This process's rows of each global batch (data/input.py); a token store's packing index is
+  cached in WORKDIR/data_index (a local folder when the workdir is gs://)."""
+  from mlm_jax.data import input as data_input
+  from mlm_jax.data.store import index as store_index
+  return data_input.make_input(config, input_kind(config), tok, split, process_index=jax.process_index(),
+                               process_count=jax.process_count(), cache_dir=store_index.cache_dir_for(workdir))
 
 
 class PipelineInput:

@@ -25,7 +25,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from mlm_jax import inference  # noqa: E402
 from mlm_jax.convert import checkpoint_io as cio  # noqa: E402
-from mlm_jax.data import tokenizer  # noqa: E402
+from mlm_jax.data.tokenizers import train as tokenizer_train  # noqa: E402
 
 
 def _tool(name):
@@ -48,8 +48,8 @@ def spm(shared_data, tmp_path_factory):
   (root / "text.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
   out = {}
   for layout in ("xlmr", "bert"):
-    tok = tokenizer.train([str(root / "text.txt")], str(root / layout), vocab_size=VOCAB, layout=layout,
-                          byte_fallback=False, character_coverage=1.0, verbose=False)
+    tok = tokenizer_train.train([str(root / "text.txt")], str(root / layout), vocab_size=VOCAB, layout=layout,
+                                byte_fallback=False, character_coverage=1.0, verbose=False)
     out[layout] = tok
   return out
 

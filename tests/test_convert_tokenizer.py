@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from mlm_jax import inference  # noqa: E402
 from mlm_jax.convert import hf_tokenizer  # noqa: E402
-from mlm_jax.data import tokenizer  # noqa: E402
+from mlm_jax.data.tokenizers import train as tokenizer_train  # noqa: E402
 
 # language: (file under corpus/, TSV text column or None)
 LANGS = {
@@ -63,8 +63,8 @@ EDGE = ["  two   spaces  ", "tab\there", "full\u3000width ＡＢＣ ｽﾍﾟｰ
 @pytest.mark.parametrize("layout,model_type", [("xlmr", "unigram"), ("bert", "bpe")])
 def test_auto_tokenizer_gives_our_ids(texts, tmp_path, layout, model_type):
   train, held = texts
-  tok = tokenizer.train(train, str(tmp_path / "spm"), vocab_size=1500, layout=layout, model_type=model_type,
-                        character_coverage=0.98, verbose=False)
+  tok = tokenizer_train.train(train, str(tmp_path / "spm"), vocab_size=1500, layout=layout, model_type=model_type,
+                              character_coverage=0.98, verbose=False)
   out = tmp_path / "hf"
   out.mkdir()
   hf_tokenizer.write(tok, str(out), model_max_length=512)

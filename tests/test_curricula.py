@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from mlm_jax import masking, schedules
-from mlm_jax.defaults import masking_defaults
-from mlm_jax.errors import ConfigError
 from mlm_jax.data import config as data_config
-from mlm_jax.data import prepare, store_pipeline
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.store import prepare
+from mlm_jax.defaults import masking_defaults
+from mlm_jax.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def _cfg(root, tmp_path, **kw):
 
 
 def _pipe(c, tmp_path, batch=8):
-  return store_pipeline.make_pipeline(c, None, batch, seed=3, cache_dir=str(tmp_path / "index"))
+  return store_pipeline.StorePipeline(c, batch, seed=3, cache_dir=str(tmp_path / "index"))
 
 
 def test_schedule_values_at_phase_boundaries_host_and_traced():

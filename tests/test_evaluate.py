@@ -18,11 +18,11 @@ import evaluate  # noqa: E402
 def workdir(corpus_and_tokenizer, tmp_path_factory):
   from flax import nnx
   from mlm_jax import checkpoint
-  from mlm_jax.data import tokenizer
+  from mlm_jax.data.tokenizers import load as tokenizer_load
   from mlm_jax.defaults import default_config
   from mlm_jax.model import Encoder
   corpus, spm = corpus_and_tokenizer
-  tok = tokenizer.load(spm)
+  tok = tokenizer_load.load(spm)
   c = default_config()
   c.data.tokenizer = spm
   c.model.update(dict(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,

@@ -55,10 +55,10 @@ def _losses(workdir):
 def pretrained(tmp_path_factory):
   """(workdir, corpus, tokenizer) of a short demo pretraining on a 2x2 mesh of 4 devices."""
   from mlm_jax import demo_corpus
-  from mlm_jax.data import tokenizer
+  from mlm_jax.data.tokenizers import train as tokenizer_train
   root = tmp_path_factory.mktemp("fill_mask")
   corpus = demo_corpus.write(str(root / "corpus"), max_bytes=200_000)
-  tok = tokenizer.train([corpus], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
+  tok = tokenizer_train.train([corpus], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
   workdir = root / "run"
   p = _run(_train_cmd(workdir, corpus, tok.model_path, "--config.mesh.data=2", "--config.mesh.tensor=2",
                       "--config.optimizer.learning_rate=3e-3", steps=60), devices=4)

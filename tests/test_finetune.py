@@ -17,8 +17,8 @@ from mlm_jax.tasks import features, qa, readers
 
 @pytest.fixture(scope="module")
 def tok(corpus_and_tokenizer):
-  from mlm_jax.data import tokenizer
-  return tokenizer.load(corpus_and_tokenizer[1])
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  return tokenizer_load.load(corpus_and_tokenizer[1])
 
 
 # ------------------------------------------------------------------------------------------

@@ -5,10 +5,10 @@ import logging
 import pytest
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data import pipeline
-from mlm_jax.data import prepare
-from mlm_jax.data import tokenizer
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import prepare
+from mlm_jax.data.text import pipeline
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
 
@@ -16,8 +16,8 @@ ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
 @pytest.fixture(scope="module")
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("hostile_tok")
-  return tokenizer.train([f"de={shared_data / ALICE}"], str(root / "spm"), vocab_size=400,
-                         max_sentences_per_language=1500, input_sentence_size=1500, verbose=False)
+  return tokenizer_train.train([f"de={shared_data / ALICE}"], str(root / "spm"), vocab_size=400,
+                               max_sentences_per_language=1500, input_sentence_size=1500, verbose=False)
 
 
 @pytest.fixture(scope="module")

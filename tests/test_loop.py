@@ -6,24 +6,40 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 from subproc import REPO, cpu_env
+
+
+def tiny_trainer(devices, **train):
+  """A 1-layer, 16-wide encoder on a 64-piece vocabulary, its Trainer on `devices` (None: all)."""
+  from mlm_jax import resolve, sharding, step
+  from mlm_jax.defaults import default_config
+  c = default_config()
+  c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                 max_position_embeddings=16)
+  c.data.seq_len = 16
+  c.train.update(train)
+  config, _ = resolve.resolve_for_compile(c)
+  return step.make_trainer(config, sharding.make_mesh(config.mesh, devices))
+
+
+def random_batch(i: int, rows: int, seq: int = 16) -> dict:
+  """Random tokens of a 64-piece vocabulary, one document a row (batch i of a run's input)."""
+  ids = np.random.default_rng(i).integers(4, 63, (rows, seq)).astype(np.int32)
+  return dict(input_ids=ids, segment_ids=np.ones_like(ids), word_starts=np.ones_like(ids),
+              positions=np.tile(np.arange(seq, dtype=np.int32), (rows, 1)))
 
 # A tiny encoder trained by the real loop on random tokens; its input blocks forever at step 5.
 _STALLING_RUN = """
 import sys, threading
 from mlm_jax import runtime
 runtime.configure()
-import numpy as np
-from mlm_jax import loop, resolve, sharding, step
-from mlm_jax.defaults import default_config
+sys.path.insert(0, "tests")
+from test_loop import random_batch, tiny_trainer
+from mlm_jax import loop
 
-c = default_config()
-c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-               max_position_embeddings=16)
-c.data.seq_len = 16
-c.train.update(steps=100, batch_size=4, log_every=1, save_every=2, sigterm_timeout_s=3.0)
-config, _ = resolve.resolve_for_compile(c)
-trainer = step.make_trainer(config, sharding.make_mesh(config.mesh))
+trainer = tiny_trainer(None, steps=100, batch_size=4, log_every=1, save_every=2, sigterm_timeout_s=3.0)
 
 
 class Stalling:
@@ -31,9 +47,7 @@ class Stalling:
     if i == 5:
       print("stalled", flush=True)
       threading.Event().wait()   # an input that never comes (a hung file system)
-    ids = np.random.default_rng(i).integers(4, 63, (4, 16)).astype(np.int32)
-    return dict(input_ids=ids, segment_ids=np.ones_like(ids), positions=np.tile(np.arange(16, dtype=np.int32), (4, 1)),
-                word_starts=np.ones_like(ids))
+    return random_batch(i, 4)
 
   def get_state(self):
     return {}
@@ -69,26 +83,16 @@ def test_zero_cadences_and_an_error_at_the_end_keep_the_saved_checkpoint(tmp_pat
   """log/eval/save_every=0 mean 'only at the last step'; an evaluation that fails there (a store
   without eval documents) still lets the asynchronous save of step 2 finish: saved work is not lost."""
   import jax
-  import numpy as np
   import pytest
-  from mlm_jax import loop, resolve, sharding, step
-  from mlm_jax.defaults import default_config
+  from mlm_jax import loop
   from mlm_jax.errors import DataError
 
-  c = default_config()
-  c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                 max_position_embeddings=16)
-  c.data.seq_len = 16
-  c.train.update(steps=4, batch_size=2, log_every=0, eval_every=0, save_every=2)
-  config, _ = resolve.resolve_for_compile(c)
-  trainer = step.make_trainer(config, sharding.make_mesh(config.mesh, devices=jax.devices()[:1]))
+  trainer = tiny_trainer(jax.devices()[:1], steps=4, batch_size=2, log_every=0, eval_every=0, save_every=2)
   evaluated = []
 
   class Tokens:
     def batch(self, i):
-      ids = np.random.default_rng(i).integers(4, 63, (2, 16)).astype(np.int32)
-      return dict(input_ids=ids, segment_ids=np.ones_like(ids), word_starts=np.ones_like(ids),
-                  positions=np.tile(np.arange(16, dtype=np.int32), (2, 1)))
+      return random_batch(i, 2)
 
     def get_state(self):
       return {}

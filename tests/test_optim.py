@@ -62,3 +62,20 @@ def test_update_clipping_bounds_each_tensors_rms():
   np.testing.assert_array_equal(clipped["layer_groups"]["wi_kernel"][1], plain["layer_groups"]["wi_kernel"][1])
   loose, _, _ = _first_update(2.0)   # a bound above every RMS changes nothing: the same update as adamw
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), loose, plain)
+
+
+def test_adam_without_bias_correction_takes_the_raw_moments():
+  """BERT/ELECTRA's AdamWeightDecayOptimizer: the first update is (1 - b1) / sqrt(1 - b2) times
+  optax's corrected one (~ lr * sign(g)), and later ones follow the uncorrected moments."""
+  params = {"w": jnp.array([1.0, -2.0, 3.0])}
+  grads = {"w": jnp.array([0.5, -0.25, 2.0])}
+  kw = dict(schedule="constant", learning_rate=1.0, warmup_steps=0, weight_decay=0.0, clip_norm=0.0)
+  raw, corrected = (optim.make_optimizer(_opt(bias_correction=b, **kw), 10) for b in (False, True))
+  u_raw, state = raw.update(grads, raw.init(params), params)
+  u_cor, _ = corrected.update(grads, corrected.init(params), params)
+  ratio = (1 - 0.9) / np.sqrt(1 - 0.999)
+  np.testing.assert_allclose(u_raw["w"], ratio * u_cor["w"], rtol=1e-3)   # eps differs in weight
+  np.testing.assert_allclose(u_cor["w"], -np.sign(grads["w"]), rtol=1e-4)
+  u2, _ = raw.update(grads, state, params)   # the second step: moments decay from the first
+  m, v = 0.1 * 1.9 * grads["w"], 0.001 * 1.999 * grads["w"] ** 2
+  np.testing.assert_allclose(u2["w"], -m / (np.sqrt(v) + 1e-6), rtol=1e-4)

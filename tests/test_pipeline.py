@@ -9,13 +9,13 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data import pipeline
-from mlm_jax.data import prepare
-from mlm_jax.data import sources
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import tokenizer
-from mlm_jax.data.sources import DataError
-from mlm_jax.errors import ConfigError
+from mlm_jax.data import specs
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import prepare
+from mlm_jax.data.text import pipeline
+from mlm_jax.data.text import sources
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import ConfigError, DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF
 LEIPZIG_EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -26,7 +26,7 @@ RU = "corpus/ru/tatoeba_cc0_rus.tsv.gz"
 def tok(shared_data, tmp_path_factory):
   """A 1000-piece XLM-R-layout model on German, English and Russian (a few seconds)."""
   root = tmp_path_factory.mktemp("pipe_tok")
-  return tokenizer.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
+  return tokenizer_train.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
                           f"ru=tsv:2:{shared_data / RU}"], str(root / "spm"), vocab_size=1000,
                          max_sentences_per_language=3000, input_sentence_size=6000,
                          verbose=False)
@@ -175,7 +175,7 @@ def test_mixing_frequencies_follow_alpha(shared_data, tok):
   src = np.concatenate([b["source"] for b in ds.take(20).as_numpy_iterator()])
   assert len(src) == 10000
   freq = np.bincount(src, minlength=3) / len(src)
-  want = np.array(pipeline.mixing_weights(sizes, 0.3))
+  want = np.array(specs.mixing_weights(sizes, 0.3))
   np.testing.assert_allclose(want, np.array(sizes) ** 0.3 / np.sum(np.array(sizes) ** 0.3))
   assert np.abs(freq - want).max() < 0.02, (freq, want)
   # Default n_i = bytes on disk of each source's files.
@@ -214,8 +214,8 @@ def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
   with pytest.raises(DataError, match="batch_size differs"):
     pipeline.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
   # another tokenizer of the same vocabulary size
-  other = tokenizer.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
-                          max_sentences_per_language=3000, verbose=False)
+  other = tokenizer_train.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
+                                max_sentences_per_language=3000, verbose=False)
   assert other.vocab_size == tok.vocab_size
   state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
   with pytest.raises(DataError, match="the data config differs"):

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data import prepare, sentence_pairs, tokenizer
-from mlm_jax.data import store as store_lib
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import pairs as sentence_pairs
+from mlm_jax.data.store import prepare
+from mlm_jax.data.tokenizers import load as tokenizer_load
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import DataError
 
 BOOKS = "corpus/de/gutenberg_kalamine/*.txt.gz"    # paragraphs separated by blank lines
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
@@ -21,8 +24,8 @@ ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
 @pytest.fixture(scope="module")
 def bert_store(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("pairs")
-  spm = tokenizer.train([f"de={shared_data / BOOKS}"], str(root / "spm"), vocab_size=600, layout="bert",
-                        verbose=False)
+  spm = tokenizer_train.train([f"de={shared_data / BOOKS}"], str(root / "spm"), vocab_size=600, layout="bert",
+                              verbose=False)
   out = str(root / "store")
   prepare.prepare(prepare.Options(sources=(f"de={shared_data / BOOKS}",), tokenizer=spm.model_path,
                                   eval_percent=2.0, doc_format="blank_line"), out, progress_s=1e9, log=lambda s: None)
@@ -41,10 +44,10 @@ def _contiguous(doc_ids, part):
   return any(np.array_equal(doc_ids[i:i + n], part) for i in range(len(doc_ids) - n + 1))
 
 
-@pytest.mark.parametrize("objective", ["mlm+nsp", "mlm+sop"])
-def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objective, tmp_path):
+@pytest.mark.parametrize("task", ["nsp", "sop"])
+def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, task, tmp_path):
   c = _cfg(bert_store)
-  pipe = sentence_pairs.PairPipeline(c, objective, 1000, seed=5, cache_dir=str(tmp_path))
+  pipe = sentence_pairs.PairPipeline(c, task, 1000, seed=5, cache_dir=str(tmp_path))
   labels = np.concatenate([next(pipe)["sentence_labels"] for _ in range(10)])
   stats = pipe.stats()
   assert stats["pairs"]["pairs"] == 10_000 and abs(labels.mean() - 0.5) <= 0.02, labels.mean()
@@ -59,7 +62,7 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objecti
   assert not np.isin(pipe.streams[0].index["chunk_doc"],
                      [i for i, k in enumerate(pipe.streams[0].index["doc_sentences"]) if k < 2]).any()
   # layout and order: [CLS] A [SEP] B [SEP]; in-order pairs are a contiguous stretch of one document
-  small = sentence_pairs.PairPipeline(c, objective, 16, seed=5, cache_dir=str(tmp_path))
+  small = sentence_pairs.PairPipeline(c, task, 16, seed=5, cache_dir=str(tmp_path))
   b = next(small)
   stream = small.streams[0]
   src, chunk = small._locate(np.arange(16, dtype=np.int64))
@@ -72,18 +75,18 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objecti
     assert (b["segment_ids"][r] > 0).sum() == seps[1] + 1 and (ids[seps[1] + 1:] == small.pad_id).all()
     if len(a) + len(bb) < stream.budget:   # not truncated: the pair is whole sentences of the document
       doc = st.read("de", "train", [stream.index["chunk_doc"][chunk[r]]])[0].ids
-      first, second = (bb, a) if objective == "mlm+sop" and b["sentence_labels"][r] else (a, bb)
+      first, second = (bb, a) if task == "sop" and b["sentence_labels"][r] else (a, bb)
       in_order = _contiguous(doc, np.concatenate([first, second]))
-      assert in_order == (objective == "mlm+sop" or b["sentence_labels"][r] == 0)
+      assert in_order == (task == "sop" or b["sentence_labels"][r] == 0)
       checked += 1
   assert checked >= 2
   # resume: the data state is a row count; the same pairs come after set_state
-  run = sentence_pairs.PairPipeline(c, objective, 8, seed=5, cache_dir=str(tmp_path))
+  run = sentence_pairs.PairPipeline(c, task, 8, seed=5, cache_dir=str(tmp_path))
   for _ in range(3):
     next(run)
   state = run.get_state()
   want = [next(run) for _ in range(2)]
-  again = sentence_pairs.PairPipeline(c, objective, 8, seed=5, cache_dir=str(tmp_path))
+  again = sentence_pairs.PairPipeline(c, task, 8, seed=5, cache_dir=str(tmp_path))
   again.set_state(state)
   for w in want:
     got = next(again)
@@ -92,18 +95,18 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, objecti
 
 
 def test_xlmr_layout_and_errors(shared_data, corpus_and_tokenizer, tmp_path):
-  tok = tokenizer.load(corpus_and_tokenizer[1])   # the session's xlmr-layout tokenizer
+  tok = tokenizer_load.load(corpus_and_tokenizer[1])   # the session's xlmr-layout tokenizer
   root, lines = str(tmp_path / "xlmr"), str(tmp_path / "lines")
   for out, fmt in ((root, "blank_line"), (lines, "line")):
     prepare.prepare(prepare.Options(sources=(f"de={shared_data / ALICE}",), tokenizer=tok.model_path,
                                     eval_percent=0.0, doc_format=fmt), out, progress_s=1e9, log=lambda s: None)
-  pipe = sentence_pairs.PairPipeline(_cfg(root, 48), "mlm+sop", 8, seed=0, cache_dir=str(tmp_path))
+  pipe = sentence_pairs.PairPipeline(_cfg(root, 48), "sop", 8, seed=0, cache_dir=str(tmp_path))
   b = next(pipe)
   for ids, types in zip(b["input_ids"], b["token_type_ids"]):
     eos = np.nonzero(ids == tok.eos_id)[0]   # <s> A </s></s> B </s>
     assert ids[0] == tok.bos_id and len(eos) == 3 and eos[1] == eos[0] + 1 and not types.any()
   with pytest.raises(DataError, match="none of its .* documents has two lines"):
-    sentence_pairs.PairPipeline(_cfg(lines), "mlm+nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
+    sentence_pairs.PairPipeline(_cfg(lines), "nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
   from mlm_jax import resolve
   from mlm_jax.defaults import default_config
   from mlm_jax.errors import ConfigError
@@ -222,7 +225,7 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
   cfg = checkpoint.read_config(str(full))
   graphdef, params, _ = checkpoint.restore_model(str(full), cfg.model)
   ours = nnx.merge(graphdef, params)
-  b = next(sentence_pairs.PairPipeline(_cfg(bert_store), "mlm+nsp", 8, seed=1, split="eval",
+  b = next(sentence_pairs.PairPipeline(_cfg(bert_store), "nsp", 8, seed=1, split="eval",
                                        cache_dir=str(tmp_path / "idx")))
   mask = b["segment_ids"] > 0
   hidden = ours(jnp.asarray(b["input_ids"]), jnp.asarray(b["segment_ids"]), jnp.asarray(b["positions"]),
@@ -238,7 +241,7 @@ def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(corpus_and_tokeni
   from mlm_jax import checkpoint, loop, resolve, sharding, step
   from mlm_jax.convert import checkpoint_io
   from mlm_jax.defaults import default_config
-  tok = tokenizer.load(corpus_and_tokenizer[1])
+  tok = tokenizer_load.load(corpus_and_tokenizer[1])
   c = default_config()
   c.objective = "mlm+sop"
   c.data.tokenizer, c.data.seq_len = tok.model_path, 16

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from mlm_jax.data import sources
-from mlm_jax.data.sources import DataError
-from mlm_jax.errors import ConfigError
+from mlm_jax.data import specs
+from mlm_jax.data.text import sources
+from mlm_jax.errors import ConfigError, DataError
 
 
 def _docs(spec, **kw):
@@ -200,7 +200,7 @@ def test_unknown_tfds_name(tmp_path):
   assert _one_line(e) == (f"unknown TFDS dataset 'no_such_dataset_xyz/en' (source "
                           f"s=tfds:no_such_dataset_xyz/en:train) (data_dir={tmp_path})")
   with pytest.raises(DataError) as e:
-    sources.parse_spec("tfds:onlyname")
+    specs.parse_spec("tfds:onlyname")
   assert "tfds:NAME[/CONFIG]:SPLIT" in _one_line(e)
 
 
@@ -242,15 +242,15 @@ def test_blank_line_file_without_blank_lines_is_cut_not_dropped(tmp_path):
   docs = _docs(str(tmp_path / "wall.txt"), doc_format="blank_line", stats=stats)
   assert " ".join(docs) == " ".join(lines)
   # cut at the first line batch (256 lines of ~100 chars here) that reaches the limit
-  assert all(sources.MAX_BLOCK_CHARS <= len(d) < 2 * sources.MAX_BLOCK_CHARS for d in docs[:-1])
+  assert all(specs.MAX_BLOCK_CHARS <= len(d) < 2 * specs.MAX_BLOCK_CHARS for d in docs[:-1])
   assert len(docs) > 3
   assert stats.as_dict()["long_blocks_split"] == sum(
-      len(d) >= sources.MAX_BLOCK_CHARS for d in docs)
+      len(d) >= specs.MAX_BLOCK_CHARS for d in docs)
 
 
 def test_bad_specs():
   with pytest.raises(DataError, match="expected tsv:FIELD:GLOB"):
-    sources.parse_spec("tsv:x:foo")
+    specs.parse_spec("tsv:x:foo")
   with pytest.raises(DataError, match="duplicate source name 'a'"):
     sources.parse_sources(["a=x", "a=y"])
   with pytest.raises(ConfigError, match="data.doc_format='para'"):

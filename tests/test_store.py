@@ -4,18 +4,21 @@ import gc
 import gzip
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 from mlm_jax.data import config as data_config
-from mlm_jax.data import prepare
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import store_index
-from mlm_jax.data import store_pipeline
-from mlm_jax.data import tokenizer
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import index as store_index
+from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.store import prepare
+from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.errors import DataError
+from subproc import REPO, cpu_env
 
 DE = "corpus/de/gutenberg_kalamine/*.txt.gz"                    # 3 books, BOM + CRLF
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -24,9 +27,9 @@ EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
 @pytest.fixture(scope="session")
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("store_tok")
-  return tokenizer.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
-                         str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
-                         input_sentence_size=4000, verbose=False)
+  return tokenizer_train.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
+                               str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
+                               input_sentence_size=4000, verbose=False)
 
 
 def _opts(shared_data, tok, **kw):
@@ -51,7 +54,7 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _pipe(c, tmp_path, batch=8, **kw):
-  return store_pipeline.make_pipeline(c, None, batch, seed=kw.pop("seed", 3),
+  return store_pipeline.StorePipeline(c, batch, seed=kw.pop("seed", 3),
                                       cache_dir=str(tmp_path / "index"), **kw)
 
 
@@ -277,3 +280,40 @@ def test_prepare_rerun_resume_and_workers(shared_data, tok, store, tmp_path):
   assert {k: v[0] for k, v in _files(tasks).items()} == {k: v[0] for k, v in before.items()}
   with pytest.raises(DataError, match="prepared with other options"):
     prepare.prepare(_opts(shared_data, tok, doc_format="blank_line"), two, log=lambda s: None)
+
+
+def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
+  """data/input.py make_input, the one function a run's input comes from: store sources give this
+  process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
+  has is a one-line error."""
+  import ml_collections
+  from mlm_jax.data import input as data_input
+  c = _cfg(store, tmp_path)
+  run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
+  got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
+  assert isinstance(got, store_pipeline.StorePipeline)
+  whole = _pipe(c, tmp_path)
+  for _ in range(3):
+    np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
+  with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
+    data_input.make_input(run, "pairs", None)
+  run.data.sources = ("de=corpus/*.txt",)
+  with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
+    data_input.make_input(run, "sop_pairs", None)
+
+
+def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
+  """The store modules (the batch workers run `python -m mlm_jax.data.store.batch`), the input
+  choice, the specs and the tokenizers import no TensorFlow, jax or text/ (which sets TensorFlow up
+  at import): a worker process or a config check never pays for them."""
+  code = ("import sys\n"
+          "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
+          "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
+          "import mlm_jax.data.store.reader, mlm_jax.data.input, mlm_jax.data.specs\n"
+          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
+          "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
+          " or m.startswith('mlm_jax.data.text'))\n"
+          "assert not bad, bad\n")
+  p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0, p.stderr[-2000:]

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from mlm_jax.data import prepare
+from mlm_jax.data.store import prepare
 from test_multihost import _multi, _single
 from test_train import _losses
 

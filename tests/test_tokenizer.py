@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from mlm_jax.data import tokenizer
+from mlm_jax.data.tokenizers import base as tokenizer_base
+from mlm_jax.data.tokenizers import load as tokenizer_load
+from mlm_jax.data.tokenizers import train as tokenizer_train
 from mlm_jax.errors import UserError
 
 # language: (file under corpus/, TSV text column or None, training lines). Armenian gets far
@@ -60,16 +62,16 @@ def corpus(shared_data, tmp_path_factory):
 def xlmr_tok(corpus, tmp_path_factory):
   root, _ = corpus
   out = tmp_path_factory.mktemp("tok_xlmr") / "spm"
-  return tokenizer.train([f"{root}/*/train.txt"], str(out), vocab_size=VOCAB, layout="xlmr",
-                         alpha=0.3, verbose=False)
+  return tokenizer_train.train([f"{root}/*/train.txt"], str(out), vocab_size=VOCAB, layout="xlmr",
+                               alpha=0.3, verbose=False)
 
 
 @pytest.fixture(scope="session")
 def bert_tok(corpus, tmp_path_factory):
   root, _ = corpus
   out = tmp_path_factory.mktemp("tok_bert") / "spm"
-  return tokenizer.train({"en": f"{root}/en/train.txt", "ru": f"{root}/ru/train.txt"}, str(out),
-                         vocab_size=1500, layout="bert", model_type="bpe", verbose=False)
+  return tokenizer_train.train({"en": f"{root}/en/train.txt", "ru": f"{root}/ru/train.txt"}, str(out),
+                               vocab_size=1500, layout="bert", model_type="bpe", verbose=False)
 
 
 def test_xlmr_special_ids(xlmr_tok):
@@ -81,7 +83,7 @@ def test_xlmr_special_ids(xlmr_tok):
   assert t.layout == "xlmr"
   vocab_lines = open(t.model_path[:-len(".model")] + ".vocab", encoding="utf-8").read().splitlines()
   assert len(vocab_lines) == VOCAB and vocab_lines[-1].startswith("<mask>\t")
-  again = tokenizer.load(t.model_path)
+  again = tokenizer_load.load(t.model_path)
   assert again.special_ids == t.special_ids and again.vocab_size == VOCAB
 
 
@@ -118,7 +120,7 @@ def test_fertility_within_2x_of_english(xlmr_tok, corpus):
 
 
 def test_language_weights_follow_alpha(xlmr_tok):
-  meta = json.load(open(tokenizer.special_ids_path(xlmr_tok.model_path)))
+  meta = json.load(open(tokenizer_base.special_ids_path(xlmr_tok.model_path)))
   langs = meta["languages"]
   assert set(langs) == set(LANGS) and meta["alpha"] == 0.3
   total = sum(v["lines"] ** 0.3 for v in langs.values())
@@ -142,7 +144,7 @@ def test_tf_text_gives_python_ids(which, request, corpus):
 
 def test_load_infers_ids_without_json(xlmr_tok, tmp_path):
   shutil.copy(xlmr_tok.model_path, tmp_path / "m.model")
-  t = tokenizer.load(str(tmp_path / "m.model"))
+  t = tokenizer_load.load(str(tmp_path / "m.model"))
   assert (t.layout, t.mask_id, t.pad_id) == ("xlmr", VOCAB - 1, 1)
 
 
@@ -157,10 +159,10 @@ def test_word_start_table(xlmr_tok):
 
 def test_load_errors(tmp_path):
   with pytest.raises(UserError, match="missing.model"):
-    tokenizer.load(str(tmp_path / "missing.model"))
+    tokenizer_load.load(str(tmp_path / "missing.model"))
   (tmp_path / "junk.model").write_bytes(b"not a model")
   with pytest.raises(ValueError, match="junk.model is not a sentencepiece model"):
-    tokenizer.load(str(tmp_path / "junk.model"))
+    tokenizer_load.load(str(tmp_path / "junk.model"))
 
 
 def test_train_tool(corpus, tmp_path, capsys):
@@ -173,7 +175,7 @@ def test_train_tool(corpus, tmp_path, capsys):
   assert rc == 0
   captured = capsys.readouterr()
   assert "[tokenizer] read el" in captured.err and captured.out.strip() == f"{out}.model"
-  assert tokenizer.load(f"{out}.model").mask_id == 4
+  assert tokenizer_load.load(f"{out}.model").mask_id == 4
   rc = train_tokenizer.main([f"--input={tmp_path}/nothing/*.txt", f"--out={out}2", "--quiet"])
   assert rc == 2
   err = capsys.readouterr().err.strip().splitlines()
@@ -185,5 +187,5 @@ def test_vocab_too_large_for_text_is_one_line(corpus, tmp_path):
   small = tmp_path / "small.txt"
   small.write_text("\n".join(open(root / "en/train.txt").read().splitlines()[:50]) + "\n")
   with pytest.raises(ValueError) as e:
-    tokenizer.train([f"en={small}"], str(tmp_path / "big"), vocab_size=20000, verbose=False)
+    tokenizer_train.train([f"en={small}"], str(tmp_path / "big"), vocab_size=20000, verbose=False)
   assert "\n" not in str(e.value) and str(e.value).startswith("vocab_size=20000 is too large")

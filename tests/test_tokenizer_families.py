@@ -1,4 +1,4 @@
-"""WordPiece and byte-level BPE tokenizers (mlm_jax/data/tokenizer_hf.py) through every consumer.
+"""WordPiece and byte-level BPE tokenizers (mlm_jax/data/tokenizers/hf.py) through every consumer.
 
 Real files: all-MiniLM-L6-v2's WordPiece tokenizer (shared/data/models, uncased BERT), and a
 byte-level BPE RoBERTa folder trained here with `tokenizers` on shared corpus lines. Every check
@@ -14,7 +14,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from mlm_jax.data import config as data_config  # noqa: E402
-from mlm_jax.data import tokenizer, tokenizer_hf, text_reader  # noqa: E402
+from mlm_jax.data.store import reader as text_reader  # noqa: E402
+from mlm_jax.data.tokenizers import hf as tokenizer_hf  # noqa: E402
+from mlm_jax.data.tokenizers import load as tokenizer_load  # noqa: E402
 
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
 PER_FILE, PER_LANG = 40, 120
@@ -71,7 +73,7 @@ def _hf(folder):
 
 @pytest.mark.parametrize("kind", ["wordpiece", "wordpiece_vocab_txt", "bpe", "bpe_vocab_json"])
 def test_ids_equal_autotokenizer_every_language(folders, lines_by_lang, kind):
-  tok, hf = tokenizer.load(folders[kind]), _hf(folders[kind])
+  tok, hf = tokenizer_load.load(folders[kind]), _hf(folders[kind])
   assert tok.family == kind.split("_")[0]
   assert tok.layout == ("bert" if kind.startswith("wordpiece") else "xlmr")
   assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id, tok.mask_id) == (
@@ -106,7 +108,7 @@ def _word_count(tok, line):
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
 def test_word_starts_count_the_words(folders, lines_by_lang, kind):
-  tok = tokenizer.load(folders[kind])
+  tok = tokenizer_load.load(folders[kind])
   table = np.asarray(tok.word_start_table())
   after = np.asarray(tok.after_space_table() or np.zeros(tok.vocab_size, int))
   assert table[list(tok.special_ids)].all() and (tok.family == "bpe") == bool(after.any())
@@ -130,9 +132,9 @@ def test_streaming_batch_ids_and_whole_word_masking(shared_data, folders, kind):
   """One streaming-pipeline batch: AutoTokenizer's ids packed as documents, word starts, whole-word masks."""
   import jax
   from mlm_jax import masking
-  from mlm_jax.data import pipeline
+  from mlm_jax.data.text import pipeline
   from mlm_jax.defaults import masking_defaults
-  tok, hf = tokenizer.load(folders[kind]), _hf(folders[kind])
+  tok, hf = tokenizer_load.load(folders[kind]), _hf(folders[kind])
   c = data_config.data_defaults()
   c.update(dict(sources=(f"en=tsv:1:{shared_data / EN}",), doc_format="line", seq_len=64, eval_percent=0.0,
                 shuffle_buffer=0, shuffle_files=False, tokenize_batch=64))
@@ -178,8 +180,9 @@ def test_streaming_batch_ids_and_whole_word_masking(shared_data, folders, kind):
 
 def test_store_with_wordpiece(shared_data, folders, tmp_path):
   """prepare copies the tokenizer files into the store; a `store:` source trains with them."""
-  from mlm_jax.data import prepare, store_pipeline
-  tok, hf = tokenizer.load(folders["wordpiece"]), _hf(folders["wordpiece"])
+  from mlm_jax.data.store import pipeline as store_pipeline
+  from mlm_jax.data.store import prepare
+  tok, hf = tokenizer_load.load(folders["wordpiece"]), _hf(folders["wordpiece"])
   src = tmp_path / "en.txt"
   lines = [l.split("\t")[1] for l in _lines(shared_data / EN, 300)]
   src.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -192,11 +195,11 @@ def test_store_with_wordpiece(shared_data, folders, tmp_path):
   c = data_config.data_defaults()
   c.update(dict(sources=(f"store:{root}",), seq_len=64))
   path = store_pipeline.store_tokenizer_path(c)
-  again = tokenizer.load(path)
+  again = tokenizer_load.load(path)
   assert again.sha256 == tok.sha256 and again.family == "wordpiece" and again.mask_id == tok.mask_id
   # The documents read back are AutoTokenizer's ids of the lines (word starts: no '##').
   want = {tuple(ids) for ids in hf(lines)["input_ids"]}
-  batch = next(iter(store_pipeline.make_pipeline(c, None, 8, seed=0, cache_dir=str(tmp_path / "index"))))
+  batch = next(iter(store_pipeline.StorePipeline(c, 8, seed=0, cache_dir=str(tmp_path / "index"))))
   docs = 0
   for i in range(8):
     ids, seg, ws = batch["input_ids"][i], batch["segment_ids"][i], batch["word_starts"][i]
@@ -213,7 +216,7 @@ def test_ner_words_and_qa_offsets(folders, lines_by_lang):
   from mlm_jax.tasks import features, qa
   from mlm_jax.tasks.readers import Example
   for kind in ("wordpiece", "bpe"):
-    tok = tokenizer.load(folders[kind])
+    tok = tokenizer_load.load(folders[kind])
     lines = [l for l in lines_by_lang["en"] + lines_by_lang["de"] if "  " not in l.strip() and len(l) < 300][:30]
     # NER: the words' pieces are the sentence's pieces (BPE words after the first carry their space).
     ex = [Example(id=str(i), words=l.split(), tags=["O"] * len(l.split())) for i, l in enumerate(lines)]
@@ -243,7 +246,7 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
   torch = pytest.importorskip("torch")
   from mlm_jax import inference
   from mlm_jax.convert import checkpoint_io as cio
-  tok = tokenizer.load(folders[kind])
+  tok = tokenizer_load.load(folders[kind])
   torch.manual_seed(0)
   small = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                intermediate_size=48, max_position_embeddings=80)
@@ -257,7 +260,7 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
   cio.write_tokenizer_files(tok, str(src))
   summary = cio.from_hf(str(src), str(tmp_path / "ours"))
   assert summary["tokenizer"] == str(tmp_path / "ours" / "tokenizer" / "tokenizer.json")
-  assert tokenizer.load(summary["tokenizer"]).sha256 == tok.sha256
+  assert tokenizer_load.load(summary["tokenizer"]).sha256 == tok.sha256
   out = tmp_path / "exported"
   files = cio.to_hf(str(tmp_path / "ours"), str(out))["files"]
   assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(files)

@@ -93,7 +93,7 @@ def electra_run(tmp_path_factory, corpus_and_tokenizer):
 @pytest.fixture(scope="module")
 def docs_store(corpus_and_tokenizer, tmp_path_factory):
   """The demo corpus prepared into a token store with the session's tokenizer."""
-  from mlm_jax.data import prepare
+  from mlm_jax.data.store import prepare
   corpus, spm = corpus_and_tokenizer
   root = str(tmp_path_factory.mktemp("kill_store") / "store")
   prepare.prepare(prepare.Options(sources=(f"docs={corpus}",), tokenizer=spm, eval_percent=5.0), root,
@@ -102,12 +102,12 @@ def docs_store(corpus_and_tokenizer, tmp_path_factory):
 
 
 def _store_workers() -> list:
-  """Pids of running store batch workers (python -m mlm_jax.data.store_batch)."""
+  """Pids of running store batch workers (python -m mlm_jax.data.store.batch)."""
   out = []
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"mlm_jax.data.store_batch" in f.read():
+        if b"mlm_jax.data.store.batch" in f.read():
           out.append(int(pid))
     except OSError:
       pass

@@ -11,7 +11,7 @@ shape, built in this process and in --store_workers worker processes, and the fi
 set_state at global batch 0, 1e4 and 1e6 (resume cost). With --prepare_workers=N, times
 tools/prepare_data.py on the same input with 1 and N workers, beside sentencepiece's own encode rate.
 
-Builds the real `mlm_jax.data.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
+Builds the real `mlm_jax.data.text.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
 sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
 segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
 steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
@@ -43,23 +43,24 @@ TOKENIZER_TEXT = (f"en={DEFAULT_INPUT}", os.path.join(_DATA, "corpus/en/gutenber
 
 
 def _tokenizer(args, inputs):
-  from mlm_jax.data import tokenizer
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  from mlm_jax.data.tokenizers import train as tokenizer_train
   if args.tokenizer:
-    return tokenizer.load(args.tokenizer)
+    return tokenizer_load.load(args.tokenizer)
   cache = os.path.join(tempfile.gettempdir(), f"mlm_jax_bench_spm_{args.vocab_size}")
   if os.path.exists(cache + ".model"):
-    return tokenizer.load(cache + ".model")
+    return tokenizer_load.load(cache + ".model")
   t0 = time.perf_counter()
   text = TOKENIZER_TEXT if list(inputs) == [f"en={DEFAULT_INPUT}"] else list(inputs)
-  tok = tokenizer.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
-                        max_sentences_per_language=200_000, input_sentence_size=300_000,
-                        verbose=False)
+  tok = tokenizer_train.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
+                              max_sentences_per_language=200_000, input_sentence_size=300_000,
+                              verbose=False)
   print(f"trained tokenizer {cache}.model in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
   return tok
 
 
 def _bench_pipeline(args, cfg, tok):
-  from mlm_jax.data import pipeline
+  from mlm_jax.data.text import pipeline
   t0 = time.perf_counter()
   it = pipeline.Pipeline(cfg, tok, args.batch_size, seed=0)
   for _ in range(args.warmup):
@@ -79,14 +80,14 @@ def _bench_pipeline(args, cfg, tok):
 
 def _bench_store(args, cfg):
   """The store pipeline built in this process, and (--store_workers=N) in N worker processes."""
-  from mlm_jax.data import store_pipeline
+  from mlm_jax.data.store import pipeline as store_pipeline
   cfg = cfg.copy_and_resolve_references()
   cfg.sources = (f"store:{args.store}",)
   out = {}
   for workers in sorted({0, args.store_workers}):
     cfg.store_workers = workers
     t0 = time.perf_counter()
-    it = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+    it = store_pipeline.StorePipeline(cfg, args.batch_size, seed=0)
     build_s = time.perf_counter() - t0
     for _ in range(3 + 2 * workers):   # workers start (a second or so) and fill their queue
       next(it)
@@ -101,7 +102,7 @@ def _bench_store(args, cfg):
       state, resume = it.get_state(), {}
       for b in (0, 10**4, 10**6):
         t0 = time.perf_counter()
-        fresh = store_pipeline.make_pipeline(cfg, None, args.batch_size, seed=0)
+        fresh = store_pipeline.StorePipeline(cfg, args.batch_size, seed=0)
         fresh.set_state(dict(state, rows=b * args.batch_size))
         next(fresh)
         resume[f"batch_{b}"] = time.perf_counter() - t0
@@ -111,7 +112,7 @@ def _bench_store(args, cfg):
 
 def _documents(cfg) -> list:
   """The benchmark input's documents as strings, in memory (what the peers are given)."""
-  from mlm_jax.data import sources
+  from mlm_jax.data.text import sources
   docs = []
   for src in sources.parse_sources(cfg.sources):
     ds = src.documents(doc_format=cfg.doc_format)
@@ -123,7 +124,7 @@ def _bench_prepare(args, cfg, tok):
   """tools/prepare_data.py's work on the benchmark input with 1 and --prepare_workers workers (the
   whole run: reading, tokenizing, hashing the held-out split, writing shards), beside
   sentencepiece's own encode of the same documents already in memory."""
-  from mlm_jax.data import prepare
+  from mlm_jax.data.store import prepare
   docs = _documents(cfg)
   out = {}
   if tok.family == "sentencepiece":
@@ -221,7 +222,7 @@ def main(argv=None):
   args = p.parse_args(argv)
 
   from mlm_jax.data import config as data_config
-  from mlm_jax.data import pipeline
+  from mlm_jax.data.text import pipeline
   inputs = args.input or [f"en={DEFAULT_INPUT}"]
   cfg = data_config.data_defaults()
   cfg.update(dict(sources=tuple(inputs), doc_format=args.doc_format, packing=args.packing,

@@ -22,7 +22,7 @@ runtime.configure()   # before jax and tensorflow are imported
 
 
 def main(argv=None):
-  from mlm_jax.data import prepare
+  from mlm_jax.data.store import prepare
   from mlm_jax.errors import UserError
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sources", action="append", required=True, help="name=spec, repeatable")

@@ -7,7 +7,7 @@ Each --input is `name=spec` (one language) or a glob; a glob is split into one l
 value of its first wildcard path component (`corpus/*/...` -> one per language folder).
 Languages are sampled with q_i ∝ n_i^alpha (n_i = lines), so small languages get their share
 of the vocabulary. Writes OUT.model, OUT.vocab and OUT.special_ids.json; the training
-pipeline reads the model with `mlm_jax.data.tokenizer.load(OUT.model)`.
+pipeline reads the model with `mlm_jax.data.tokenizers.load.load(OUT.model)`.
 """
 import argparse
 import sys
@@ -16,7 +16,8 @@ from mlm_jax import runtime
 
 runtime.configure()   # before jax and tensorflow are imported
 
-from mlm_jax.data import tokenizer  # noqa: E402
+from mlm_jax.data.tokenizers import base as tokenizer_base  # noqa: E402
+from mlm_jax.data.tokenizers import train as tokenizer_train  # noqa: E402
 from mlm_jax.errors import UserError  # noqa: E402
 
 
@@ -26,7 +27,7 @@ def main(argv=None):
                  help="name=spec or glob; repeat for several (specs: GLOB, tsv:FIELD:GLOB)")
   p.add_argument("--out", required=True, help="output prefix (writes OUT.model, OUT.vocab, ...)")
   p.add_argument("--vocab_size", type=int, default=32000)
-  p.add_argument("--layout", choices=tokenizer.LAYOUTS, default="xlmr")
+  p.add_argument("--layout", choices=tokenizer_base.LAYOUTS, default="xlmr")
   p.add_argument("--model_type", choices=("unigram", "bpe"), default="unigram")
   p.add_argument("--alpha", type=float, default=0.3, help="language sampling exponent")
   p.add_argument("--max_sentences_per_language", type=int, default=1_000_000)
@@ -39,7 +40,7 @@ def main(argv=None):
   runtime.add_verbosity_flag(p)
   a = p.parse_args(argv)
   try:
-    tok = tokenizer.train(
+    tok = tokenizer_train.train(
         a.input, a.out, vocab_size=a.vocab_size, layout=a.layout, model_type=a.model_type,
         alpha=a.alpha, max_sentences_per_language=a.max_sentences_per_language,
         input_sentence_size=a.input_sentence_size, character_coverage=a.character_coverage,

@@ -33,8 +33,10 @@ import ml_collections
 from mlm_jax import checkpoint as ckpt_lib
 from mlm_jax import errors
 from mlm_jax.convert import hf, hf_tokenizer, modernbert
-from mlm_jax.data import tokenizer as tok_lib
-from mlm_jax.data import tokenizer_hf, tokenizer_spm
+from mlm_jax.data.tokenizers import base as tok_lib
+from mlm_jax.data.tokenizers import hf as tokenizer_hf
+from mlm_jax.data.tokenizers import load as tok_load
+from mlm_jax.data.tokenizers import spm as tokenizer_spm
 
 
 
@@ -200,7 +202,7 @@ def folder_tokenizer(hf_dir: str) -> tok_lib.Tokenizer | None:
   if not any(os.path.exists(os.path.join(hf_dir, n)) for n in names):
     return None
   try:
-    return tok_lib.load(hf_dir)
+    return tok_load.load(hf_dir)
   except errors.DataError as e:
     raise ConversionError(str(e)) from None
 

@@ -25,7 +25,7 @@ import shutil
 
 from sentencepiece import sentencepiece_model_pb2
 
-from mlm_jax.data import tokenizer as tok_lib
+from mlm_jax.data.tokenizers import base as tok_lib
 from mlm_jax.errors import ConversionError
 
 # Copied next to the HF files; the name is not one that transformers' classes look for.

@@ -11,7 +11,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.seq_len = 128
   # The tokenizer: a sentencepiece .model (its .special_ids.json next to it gives the special ids), a
-  # tokenizer.json / vocab.txt (WordPiece, byte-level BPE), or a folder holding one (data/tokenizer.py).
+  # tokenizer.json / vocab.txt (WordPiece, byte-level BPE), or a folder holding one (data/tokenizers/).
   d.tokenizer = ""
   # Training corpora, each 'name=spec' (the name labels logs and the mixing weights). Specs:
   #   GLOB[,GLOB]              text files, .gz read transparently (local or gs://)

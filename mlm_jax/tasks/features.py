@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlm_jax.data.tokenizer import Tokenizer
+from mlm_jax.data.tokenizers.base import Tokenizer
 from mlm_jax.tasks.readers import DataError, Example
 
 

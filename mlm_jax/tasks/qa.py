@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from mlm_jax.data.tokenizer import Tokenizer
+from mlm_jax.data.tokenizers.base import Tokenizer
 from mlm_jax.errors import ConfigError
 from mlm_jax.tasks import features
 from mlm_jax.tasks.readers import Example

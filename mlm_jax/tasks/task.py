@@ -19,7 +19,7 @@ import numpy as np
 import ml_collections
 
 from mlm_jax import metrics_tasks
-from mlm_jax.data.tokenizer import Tokenizer
+from mlm_jax.data.tokenizers.base import Tokenizer
 from mlm_jax.tasks import features, qa, readers
 
 DEFAULT_METRIC = dict(classification="accuracy", regression="pearson", token="f1", qa="f1")

@@ -37,49 +37,16 @@ import zlib
 from typing import Optional, Sequence
 
 from mlm_jax import choices, errors, runtime
+from mlm_jax.data import specs
+from mlm_jax.data.specs import MAX_BLOCK_CHARS, Spec, list_files
+from mlm_jax.data.specs import first_line as _first_line, of_source as _of
 
 tf = runtime.tensorflow()   # for tf.data only, off every GPU
 
 _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more than the work)
-# blank_line blocks are cut at the first line batch where they reach ~32k characters: far more
-# than any seq_len of tokens, and it bounds the memory of a file that has no blank lines.
-MAX_BLOCK_CHARS = 1 << 15
 
 
 DataError = errors.DataError
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-  kind: str      # text | tsv | tfds | tfrecord
-  pattern: str   # globs (comma separated), or NAME[/CONFIG] for tfds
-  arg: str = ""  # tsv: field index; tfds: SPLIT:FEATURE
-
-
-def split_named(item: str):
-  """'name=spec' -> (name, spec); a bare spec -> ('', spec)."""
-  m = re.match(r"^([A-Za-z0-9_.\-]+)=(.+)$", item.strip())
-  return (m.group(1), m.group(2)) if m else ("", item.strip())
-
-
-def parse_spec(spec: str) -> Spec:
-  if spec.startswith("tfds:"):
-    parts = spec[len("tfds:"):].split(":")
-    if len(parts) not in (2, 3) or not all(parts):
-      raise DataError(f"bad TFDS spec {spec!r}: expected tfds:NAME[/CONFIG]:SPLIT[:FEATURE]")
-    return Spec("tfds", parts[0], ":".join([parts[1], parts[2] if len(parts) == 3 else "text"]))
-  if spec.startswith("tfrecord:"):
-    return Spec("tfrecord", spec[len("tfrecord:"):])
-  if spec.startswith("tsv:"):
-    m = re.match(r"^tsv:(\d+):(.+)$", spec)
-    if not m:
-      raise DataError(f"bad TSV spec {spec!r}: expected tsv:FIELD:GLOB")
-    return Spec("tsv", m.group(2), m.group(1))
-  if spec.startswith("text:"):
-    spec = spec[len("text:"):]
-  if not spec:
-    raise DataError("empty source spec")
-  return Spec("text", spec)
 
 
 class Stats:
@@ -156,22 +123,6 @@ def gzip_complete(path: str) -> bool:
 # ------------------------------------------------------------------------------------------
 # Files
 # ------------------------------------------------------------------------------------------
-def list_files(pattern: str, owner: str = "") -> list:
-  """Sorted files matching the comma-separated globs; a glob matching nothing is an error."""
-  files = []
-  owner = "" if owner == pattern else owner
-  for glob in pattern.split(","):
-    glob = glob.strip()
-    try:
-      matched = tf.io.gfile.glob(glob)
-    except tf.errors.OpError as e:
-      raise DataError(f"cannot list {glob!r}{_of(owner)}: {_first_line(e.message)}") from None
-    if not matched:
-      raise DataError(f"no files match {glob!r}{_of(owner)}")
-    files.extend(matched)
-  return sorted(set(files))
-
-
 def check_files(files: Sequence[str], owner: str, stats: Optional[Stats]) -> list:
   """Opens each file once, so unreadable ones fail here with their name, not deep in tf.data.
 
@@ -200,14 +151,6 @@ def check_files(files: Sequence[str], owner: str, stats: Optional[Stats]) -> lis
       continue
     keep.append(path)
   return keep
-
-
-def _of(owner):
-  return f" (source {owner})" if owner else ""
-
-
-def _first_line(s):
-  return str(s).strip().splitlines()[0] if str(s).strip() else ""
 
 
 def _clean_lines(lines, field: int, stats: Optional[Stats], path=""):
@@ -321,11 +264,8 @@ def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
 # Documents, per host
 # ------------------------------------------------------------------------------------------
 @dataclasses.dataclass
-class Source:
+class Source(specs.NamedSpec):
   """One named corpus: how to read it, and its size for mixing (n_i in p_i ∝ n_i^alpha)."""
-  name: str
-  spec_str: str
-  spec: Spec
   tfds_data_dir: str = ""
 
   @property
@@ -338,10 +278,6 @@ class Source:
       split = self.spec.arg.split(":")[0]
       return float(self._tfds_builder().info.splits[split].num_examples)
     return float(sum(tf.io.gfile.stat(f).length for f in list_files(self.spec.pattern, self.owner)))
-
-  @property
-  def owner(self) -> str:
-    return f"{self.name}={self.spec_str}" if self.name else self.spec_str
 
   def documents(self, *, process_index: int = 0, process_count: int = 1,
                 doc_format: str = "line", shuffle_seed: Optional[int] = None,
@@ -466,15 +402,5 @@ def _holdout_keep(keys, holdout, eval_percent):
 
 
 def parse_sources(entries: Sequence[str], tfds_data_dir: str = "") -> list:
-  """`('en=corpus/en/*.gz', 'tfds:wiki40b/en:train', ...)` -> [Source]; names default to spec."""
-  if isinstance(entries, str):
-    entries = (entries,)
-  out, seen = [], set()
-  for i, item in enumerate(entries):
-    name, spec = split_named(item)
-    name = name or f"source{i}"
-    if name in seen:
-      raise DataError(f"duplicate source name {name!r} in {list(entries)}")
-    seen.add(name)
-    out.append(Source(name=name, spec_str=spec, spec=parse_spec(spec), tfds_data_dir=tfds_data_dir))
-  return out
+  """`('en=corpus/en/*.gz', 'tfds:wiki40b/en:train', ...)` -> [Source]; names default to sourceI."""
+  return [Source(n.name, n.spec_str, n.spec, tfds_data_dir) for n in specs.parse_named(entries)]

@@ -32,11 +32,11 @@ import hashlib
 
 import numpy as np
 
-from mlm_jax.data import store_index
-from mlm_jax.data import store_pipeline
-from mlm_jax.data.sources import DataError
+from mlm_jax.data.store import index as store_index
+from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.errors import DataError
 
-OBJECTIVES = {"mlm+nsp": "nsp", "mlm+sop": "sop"}
+TASKS = ("nsp", "sop")
 FEATURES = store_pipeline.FEATURES + ("token_type_ids", "sentence_labels")
 INDEX_VERSION = 2
 _ARRAYS = ("chunk_doc", "chunk_first", "chunk_end", "chunk_tokens", "doc_sentences", "counts")
@@ -172,14 +172,15 @@ class PairPipeline(store_pipeline.StorePipeline):
   """Batches of sentence pairs from token stores: the store pipeline's row addressing, mixing,
   curricula and O(1) state, with one pair per row instead of packed documents."""
 
-  def __init__(self, data_config, objective: str, batch_size: int, seed: int, process_index: int = 0,
+  def __init__(self, data_config, task: str, batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, split: str = "train", cache_dir=None):
-    if objective not in OBJECTIVES:
-      raise DataError(f"objective={objective!r}: sentence pairs are built for {sorted(OBJECTIVES)}")
+    """`task`: 'nsp' or 'sop', the pair task the caller's objective trains (its input kind)."""
+    if task not in TASKS:
+      raise DataError(f"sentence pair task {task!r}: expected one of {TASKS}")
     if not store_pipeline.is_store(data_config):
-      raise DataError(f"objective={objective!r} reads sentence pairs from a token store: prepare the corpus "
+      raise DataError(f"{task.upper()} sentence pairs are read from a token store: prepare the corpus "
                       "with tools/prepare_data.py --doc_format=blank_line and set data.sources=('store:DIR',)")
-    self.kind = OBJECTIVES[objective]
+    self.kind = task
     self._pairs = dict(nsp_negatives=0, sop_swapped=0, pairs=0)
     super().__init__(data_config, batch_size, seed, process_index, process_count, split, cache_dir)
 

@@ -36,7 +36,7 @@ import os
 
 import numpy as np
 
-from mlm_jax.data import tokenizer as base
+from mlm_jax.data.tokenizers import base
 from mlm_jax.errors import DataError
 
 MAIN_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
@@ -51,7 +51,7 @@ _NAMES = dict(cls=("[CLS]", "<s>"), sep=("[SEP]", "</s>"), pad=("[PAD]", "<pad>"
 def main_file_in(folder: str):
   """The file of `folder` that AutoTokenizer would read first, or None."""
   for name in MAIN_FILES:
-    if base._exists(os.path.join(folder, name)):  # noqa: SLF001
+    if base.exists(os.path.join(folder, name)):
       return name
   return None
 
@@ -194,7 +194,7 @@ def load(path: str) -> HFTokenizer:
   files = {name: raw}
   for side in _SIDE_FILES.get(name, ()) + CONFIG_FILES:
     p = os.path.join(folder, side)
-    if base._exists(p):  # noqa: SLF001
+    if base.exists(p):
       files[side] = base.read_bytes(p)
   config = {}
   for cfg_name in reversed(CONFIG_FILES):   # tokenizer_config.json wins over special_tokens_map.json
@@ -304,7 +304,7 @@ def _bpe_from_vocab(folder: str, config: dict):
   """A byte-level BPE tokenizer from vocab.json + merges.txt (GPT-2 / RoBERTa files)."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers
   merges = os.path.join(folder, "merges.txt")
-  if not base._exists(merges):  # noqa: SLF001
+  if not base.exists(merges):
     raise DataError(f"{folder}: vocab.json without merges.txt")
   try:
     t = Tokenizer(models.BPE.from_file(os.path.join(folder, "vocab.json"), merges))

@@ -1,4 +1,4 @@
-"""Prepare once: text sources -> token store (see mlm_jax/data/store.py for the format).
+"""Prepare once: text sources -> token store (see mlm_jax/data/store/format.py for the format).
 
 Work is cut into units that depend only on the sources (one unit per input file; a TFDS split
 in `TFDS_UNITS` percent slices), never on the number of workers or tasks, and each unit's files
@@ -13,7 +13,7 @@ are a pure function of its input and the options. So the store's bytes do not de
   tokenizer into the same directory is a one-line error rather than a mixed store.
 
 The held-out split is decided here by the same stable hash as the streaming path's
-`eval_percent` (FarmHash of the document text, `sources._holdout_keep`), so a corpus holds out
+`eval_percent` (FarmHash of the document text, `text/sources.py:_holdout_keep`), so a corpus holds out
 the same documents on both paths.
 """
 import dataclasses
@@ -29,10 +29,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from array_record.python import array_record_module as ar
 
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import text_reader
-from mlm_jax.data import tokenizer as tokenizer_lib
-from mlm_jax.data.sources import DataError, list_files, parse_sources
+from mlm_jax.data.specs import list_files, parse_named
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import reader as text_reader
+from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.tokenizers import load as tokenizer_load
+from mlm_jax.errors import DataError
 
 TFDS_UNITS = 16
 _BATCH = 256  # documents per tokenizer call
@@ -72,7 +74,7 @@ def plan(opts: Options) -> list:
   if opts.doc_format not in ("line", "blank_line"):
     raise DataError(f"doc_format={opts.doc_format!r}: expected 'line' or 'blank_line'")
   units = []
-  for src in parse_sources(opts.sources, opts.tfds_data_dir):
+  for src in parse_named(opts.sources):
     if src.spec.kind == "tfds":
       split, feature = src.spec.arg.split(":")
       for k in range(TFDS_UNITS):
@@ -253,7 +255,7 @@ _WORKER = {}
 
 def _init_worker(opts: Options, docs, tokens):
   logging.getLogger().setLevel(logging.WARNING)
-  _WORKER.update(enc=_Encoder(tokenizer_lib.load(opts.tokenizer), opts.eval_percent),
+  _WORKER.update(enc=_Encoder(tokenizer_load.load(opts.tokenizer), opts.eval_percent),
                  opts=opts, docs=docs, tokens=tokens)
 
 
@@ -302,7 +304,7 @@ def prepare(opts: Options, root: str, *, num_workers: int = 1, task_index: int =
   if not 0 <= task_index < num_tasks:
     raise DataError(f"--task_index={task_index} not in [0, --num_tasks={num_tasks})")
   store_lib.check_local(root)
-  tok = tokenizer_lib.load(opts.tokenizer)
+  tok = tokenizer_load.load(opts.tokenizer)
   os.makedirs(root, exist_ok=True)
   sha = _pin_options(root, opts, tok)
   units = plan(opts)
@@ -371,7 +373,7 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
     for k, v in marker["stats"].items():
       src["stats"][k] += v
     src["units"].append(marker)
-  for src in parse_sources(opts.sources, opts.tfds_data_dir):
+  for src in parse_named(opts.sources):
     if src.name in sources:
       sources[src.name]["spec"] = src.spec_str
   tok_files = {n: store_lib.sha256_file(os.path.join(root, store_lib.TOKENIZER_DIR, n))

@@ -1,6 +1,6 @@
 """Token store: the on-disk format of prepared documents, and its random-access reader.
 
-A store is a directory written once by `tools/prepare_data.py` (mlm_jax/data/prepare.py):
+A store is a directory written once by `tools/prepare_data.py` (mlm_jax/data/store/prepare.py):
 
   manifest.json                  format version, tokenizer (files, sha256, special ids), per
                                  source its units, documents, tokens and shards; written last
@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import struct
-from typing import Optional
 
 import numpy as np
 from array_record.python import array_record_module as ar
@@ -201,17 +200,17 @@ class Store:
 
   @property
   def tokenizer_path(self) -> str:
-    """The tokenizer's main file inside the store (`tokenizer.load` takes it)."""
+    """The tokenizer's main file inside the store (`tokenizers.load.load` takes it)."""
     model = self.manifest["tokenizer"].get("model", f"{TOKENIZER_DIR}/{TOKENIZER_MODEL}")
     return os.path.join(self.root, model)
 
   def check_tokenizer(self, model_path: str) -> None:
     """A `data.tokenizer` given beside a store must be the store's own (same sha256)."""
-    from mlm_jax.data import tokenizer as tokenizer_lib
+    from mlm_jax.data.tokenizers import load as tokenizer_load
     want = self.manifest["tokenizer"]["sha256"]
     if "://" not in model_path and not os.path.exists(model_path):
       raise DataError(f"cannot read data.tokenizer {model_path}: no such file or folder")
-    got = tokenizer_lib.sha256_of(model_path)
+    got = tokenizer_load.sha256_of(model_path)
     if got != want:
       raise DataError(f"data.tokenizer {model_path} (sha256 {got[:16]}) is not the tokenizer of "
                       f"store {self.root} (sha256 {want[:16]}); leave data.tokenizer empty")
@@ -302,10 +301,3 @@ class Store:
 def _first_line(e) -> str:
   s = str(e).strip()
   return s.splitlines()[0] if s else e.__class__.__name__
-
-
-def open_store(root: str, tokenizer: Optional[str] = None) -> Store:
-  store = Store(root)
-  if tokenizer:
-    store.check_tokenizer(tokenizer)
-  return store

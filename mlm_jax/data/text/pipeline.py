@@ -5,7 +5,7 @@ Public interface:
   Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
            split='train')
     data_config: `config.data` (see mlm_jax/data/config.py); tokenizer: a `Tokenizer` or a
-    path `tokenizer.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
+    path `tokenizers.load.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
     shape [batch_size, seq_len]:
       input_ids    tokens; padding = tokenizer.pad_id
       segment_ids  0 on padding; segmented: documents of a row numbered 1, 2, ...; concat: 1
@@ -27,7 +27,7 @@ Public interface:
 
 Tokenization is one call per batch of `tokenize_batch` documents: in-graph tensorflow_text for
 sentencepiece, Hugging Face `tokenizers` in a `tf.numpy_function` for WordPiece and byte-level BPE
-(mlm_jax/data/tokenizer_hf.py says why).
+(mlm_jax/data/tokenizers/hf.py says why).
 
 Segmented packing is next-fit within each tokenized batch of `tokenize_batch` documents (a
 stateless, parallel map); concat packing carries the open row across batches (a tf.data scan).
@@ -47,20 +47,14 @@ import numpy as np
 import tensorflow as tf
 
 from mlm_jax import choices
-from mlm_jax.data import sources as sources_lib
-from mlm_jax.data import tokenizer as tokenizer_lib
+from mlm_jax.data import specs
+from mlm_jax.data.specs import mixing_weights
+from mlm_jax.data.text import sources as sources_lib
+from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.tokenizers import load as tokenizer_load
 
 FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
 _AUTOTUNE = tf.data.AUTOTUNE
-
-
-def mixing_weights(sizes: Sequence[float], alpha: float) -> list:
-  """p_i = n_i^alpha / sum_j n_j^alpha (XLM-R, Conneau et al. 2020, eq. 1)."""
-  w = [float(n) ** alpha if n > 0 else 0.0 for n in sizes]
-  total = sum(w)
-  if total <= 0:
-    raise sources_lib.DataError(f"all source sizes are zero: {list(sizes)}")
-  return [x / total for x in w]
 
 
 def _as_written(fn):
@@ -233,7 +227,7 @@ def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, tokenize, tokenize_b
 def _source_sizes(srcs, overrides: Sequence[str]) -> list:
   given = {}
   for item in overrides:
-    name, value = sources_lib.split_named(item)
+    name, value = specs.split_named(item)
     try:
       given[name] = float(value)
     except ValueError:
@@ -306,16 +300,20 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     for r in rows[1:]:
       mixed = mixed.concatenate(r)
 
-  if repeat:
-    batches = mixed.batch(batch_size, drop_remainder=True)
-  else:  # finite: keep the last rows, filled up with padding rows to a full batch
-    pad = tok.pad_id
+  return _batched(mixed, batch_size, c, tok.pad_id, repeat)
 
+
+def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) -> tf.data.Dataset:
+  """Rows -> batches of static shape, with the pipeline's tf.data options. A finite stream keeps
+  its last rows, filled up with padding rows to a full batch."""
+  if repeat:
+    batches = rows.batch(batch_size, drop_remainder=True)
+  else:
     def fill_up(b):
       n = batch_size - tf.shape(b["input_ids"])[0]
       return {k: tf.pad(v, [[0, n]] + [[0, 0]] * (len(v.shape) - 1),
                         constant_values=pad if k == "input_ids" else 0) for k, v in b.items()}
-    batches = mixed.batch(batch_size).map(fill_up)
+    batches = rows.batch(batch_size).map(fill_up)
   shape = [batch_size, c.seq_len]
   batches = batches.map(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)]) for k, v in b.items()})
 
@@ -363,7 +361,7 @@ class Pipeline:
   def __init__(self, data_config, tokenizer: Union[tokenizer_lib.Tokenizer, str],
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
                split: str = "train"):
-    self.tokenizer = (tokenizer_lib.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
+    self.tokenizer = (tokenizer_load.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
     self.config = data_config
     self.batch_size, self.seed, self.split = batch_size, seed, split
     self.process_index, self.process_count = process_index, process_count

@@ -1,8 +1,8 @@
 """Plain-Python reading of text sources for prepare: files -> cleaned documents, bounded memory.
 
-The same cleaning as the streaming path (mlm_jax/data/sources.py), without TensorFlow in the
+The same cleaning as the streaming path (mlm_jax/data/text/sources.py), without TensorFlow in the
 loop: UTF-8 repaired (U+FFFD) and counted, BOM and CR removed, TSV column picked, blank lines
-skipped, blank-line blocks cut at `sources.MAX_BLOCK_CHARS`. Two repairs the streaming path
+skipped, blank-line blocks cut at `specs.MAX_BLOCK_CHARS`. Two repairs the streaming path
 shares through `data.max_line_bytes` and `data.strict`:
 
 * a line is read at most `max_line_bytes` at a time (readline's limit), so a 10 MB line of
@@ -20,7 +20,8 @@ import logging
 import zlib
 from typing import Iterator
 
-from mlm_jax.data.sources import MAX_BLOCK_CHARS, DataError
+from mlm_jax.data.specs import MAX_BLOCK_CHARS
+from mlm_jax.errors import DataError
 
 REPAIRS = ("invalid_utf8_lines", "long_lines_cut", "long_blocks_split", "truncated_files",
            "empty_files", "empty_docs")

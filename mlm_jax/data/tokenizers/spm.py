@@ -13,7 +13,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from mlm_jax.data import tokenizer as base
+from mlm_jax.data.tokenizers import base
 from mlm_jax.errors import DataError
 
 SPM_FILE = "spm.model"
@@ -127,7 +127,7 @@ def load(path: str) -> SentencepieceTokenizer:
 
 
 def _infer_special_ids(p: spm.SentencePieceProcessor, path: str) -> dict:
-  for layout, pieces in base._PIECES.items():  # noqa: SLF001 - the layouts' piece names
+  for layout, pieces in base.PIECES.items():
     mask = p.piece_to_id(pieces["mask"])
     if mask != p.unk_id() or pieces["mask"] == p.id_to_piece(p.unk_id()):
       return dict(layout=layout, pad_id=p.pad_id(), bos_id=p.bos_id(), eos_id=p.eos_id(),

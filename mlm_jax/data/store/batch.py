@@ -3,13 +3,13 @@
 `Assembler` turns rows given as (stream, packed row) into the batch dict with numpy gathers over
 all pieces of a stream at once: a Python step per document or piece cost more than reading it.
 
-`Workers` runs `store_workers` processes (`python -m mlm_jax.data.store_batch`), each with its own
+`Workers` runs `store_workers` processes (`python -m mlm_jax.data.store.batch`), each with its own
 Assembler: the stores opened read-only, the packing indexes memory-mapped from the cache that the
 pipeline built. Reading records and writing them into a batch hold the GIL, so threads cannot
 use a second core; processes can (as Grain's and PyTorch DataLoader's workers do). They are plain
 subprocesses over pipes, not `multiprocessing`: its spawn start imports the parent's main module,
 the trainer with jax and TensorFlow, in every worker; these import numpy and array_record only.
-The parent picks the rows (store_pipeline._locate), so a batch is the same whoever builds it.
+The parent picks the rows (pipeline.py, `_locate`), so a batch is the same whoever builds it.
 Messages are pickles between this process and the children it started, over their stdin/stdout.
 """
 import collections
@@ -24,10 +24,11 @@ import weakref
 
 import numpy as np
 
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import store_index
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import index as store_index
 from mlm_jax.errors import DataError
 
+WORKER_MODULE = "mlm_jax.data.store.batch"   # this module, run as each worker's main
 FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
 # What Assembler needs of a stream (index_dir: where `index` is memory-mapped from, for workers)
 Part = collections.namedtuple("Part", "store name split index index_dir")
@@ -118,11 +119,11 @@ class Workers:
   """
 
   def __init__(self, spec: dict, n: int):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     self._procs, self._pending, self._lock, self._seq = [], [], threading.Lock(), 0
     for k in range(n):
-      proc = subprocess.Popen([sys.executable, "-m", "mlm_jax.data.store_batch"], stdin=subprocess.PIPE,
+      proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, env=env)
       pickle.dump(spec, proc.stdin)
       proc.stdin.flush()

@@ -1,8 +1,9 @@
 """Training and eval batches from token stores, with an O(1) resumable state.
 
-  make_pipeline(data_config, tokenizer, batch_size_local, seed, process_index, process_count,
-                split, cache_dir=None) -> StorePipeline for `store:` sources, else the streaming
-                `pipeline.Pipeline`; both iterate the same batch dicts (see pipeline.py).
+  StorePipeline(data_config, batch_size_local, seed, process_index, process_count, split,
+                cache_dir=None) iterates the same batch dicts as the streaming path's Pipeline
+                (text/pipeline.py); data/input.py chooses between them.
+  is_store(data_config) -> whether data.sources are token stores (they cannot mix with text).
   store_tokenizer_path(data_config) -> the .model inside the store ('' for streaming sources).
 
 Source specs: `store:DIR` (every source of the store, named as in its manifest),
@@ -11,12 +12,12 @@ one source is selected). Several entries, even of several stores, are mixed with
 p_i ∝ n_i^alpha (n_i = training tokens of the source, or `data.source_sizes`).
 
 Global row r of the train split is a pure function of (stores, data config, seed, r), see
-store_index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of P reads only
+index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of P reads only
 rows [b*G + p*G/P, b*G + (p+1)*G/P). The state is the number of global rows consumed plus
 fingerprints, so resuming costs the same at any step, on any process count, and under another
 global batch size. The eval split reads each source's held-out documents once, in order.
 
-This module decides which rows make a batch; store_batch.py writes them into arrays, here or in
+This module decides which rows make a batch; batch.py writes them into arrays, here or in
 `data.store_workers` worker processes that build the next `data.prefetch` batches ahead.
 
 Curricula (`data.mix_alpha_schedule`, `data.source_start_steps`, see mlm_jax/schedules.py) split
@@ -35,10 +36,11 @@ from typing import Optional
 import numpy as np
 
 from mlm_jax import schedules
-from mlm_jax.data import store as store_lib
-from mlm_jax.data import store_batch
-from mlm_jax.data import store_index
-from mlm_jax.data.sources import DataError, split_named
+from mlm_jax.data.specs import mixing_weights, split_named
+from mlm_jax.data.store import batch as store_batch
+from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import index as store_index
+from mlm_jax.errors import DataError
 
 FEATURES = store_batch.FEATURES
 PERMUTE_BLOCK = 4096
@@ -63,18 +65,6 @@ def store_tokenizer_path(data_config) -> str:
     return ""
   root, _ = store_lib.parse_store_spec(split_named(data_config.sources[0])[1])
   return store_lib.Store(root).tokenizer_path
-
-
-def make_pipeline(data_config, tokenizer, batch_size_local: int, seed: int,
-                  process_index: int = 0, process_count: int = 1, split: str = "train",
-                  cache_dir: Optional[str] = None):
-  """The iterator the training loop uses, whichever kind of sources the config names."""
-  if is_store(data_config):
-    return StorePipeline(data_config, batch_size_local, seed, process_index, process_count,
-                         split, cache_dir=cache_dir)
-  from mlm_jax.data import pipeline
-  return pipeline.Pipeline(data_config, tokenizer, batch_size_local, seed, process_index,
-                           process_count, split)
 
 
 class _Stream:
@@ -204,7 +194,6 @@ class StorePipeline:
     return _Stream(label, store, name, self.split, c.seq_len, c.packing, seed, salt, cache_dir)
 
   def _init_mixing(self, c):
-    from mlm_jax.data.pipeline import mixing_weights
     given = dict(split_named(x) for x in c.source_sizes)
     labels = [s.label for s in self.streams]
     unknown = set(given) - set(labels)

@@ -1,0 +1,43 @@
+"""`load(path)`: the tokenizer at a path, of whichever family its files say.
+
+`load` accepts a `.model`, a `tokenizer.json`, a `vocab.txt`, or a folder holding one of them:
+our `spm.model` first, then XLM-R's fairseq `sentencepiece.bpe.model` (converted to our id order),
+then `tokenizer.json` (what AutoTokenizer uses), then `vocab.txt`, then `vocab.json` + `merges.txt`.
+The families (spm.py, hf.py) import only the interface (base.py); this module imports them.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from mlm_jax.data.tokenizers import base, hf, spm
+from mlm_jax.errors import DataError
+
+
+def load(path: str) -> base.Tokenizer:
+  """The tokenizer at `path`: a `.model`, `tokenizer.json`, `vocab.txt`, or a folder of one."""
+  path = str(path)
+  if base.isdir(path):
+    for name in (spm.SPM_FILE, spm.FAIRSEQ_FILE):
+      if base.exists(os.path.join(path, name)):
+        return spm.load(os.path.join(path, name))
+    found = hf.main_file_in(path)
+    if found is None:
+      raise DataError(f"tokenizer folder {path} holds none of {spm.SPM_FILE}, "
+                      f"{spm.FAIRSEQ_FILE}, {', '.join(hf.MAIN_FILES)}")
+    return hf.load(os.path.join(path, found))
+  name = os.path.basename(path)
+  if name.endswith(".json") or name.endswith(".txt"):
+    return hf.load(path)
+  return spm.load(path)
+
+
+def sha256_of(path: str) -> str:
+  """`load(path).sha256`, without loading a sentencepiece `.model` file (its bytes are its identity)."""
+  name = os.path.basename(path)
+  if not base.isdir(path) and not (name.endswith(".json") or name.endswith(".txt")) and name != "sentencepiece.bpe.model":
+    try:
+      return hashlib.sha256(base.read_bytes(path)).hexdigest()
+    except OSError as e:
+      raise DataError(f"cannot read tokenizer {path}: {e.strerror or e.__class__.__name__}") from None
+  return load(path).sha256
