@@ -45,6 +45,7 @@ setup(
         "console_scripts": [
             "mlm-jax-train=mlm_jax.train:run",
             "mlm-jax-finetune=mlm_jax.finetune:run",
+            "mlm-jax-downstream=mlm_jax.downstream:run",
         ],
     },
 )

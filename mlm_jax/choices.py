@@ -30,7 +30,7 @@ CHOICES = {
     "tokenizer.model_type": ("unigram", "bpe"),
     "tokenizer.layout": ("xlmr", "bert"),
     "task.kind": ("classification", "regression", "token", "qa"),
-    "task.format": ("tsv", "csv", "jsonl", "lines"),
+    "task.format": ("tsv", "csv", "jsonl", "lines", "trec", "conllu"),
 }
 
 

@@ -123,8 +123,22 @@ class TaskEvaluator:
     return result
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> dict:
-  """Runs (or resumes) fine-tuning; returns the scores of the best checkpoint."""
+def score_more(evaluator: TaskEvaluator, config, tok, workdir: str, abstract_params, extra_evals: dict) -> dict:
+  """{name: scores} of the best checkpoint on more eval sets ({name: files}: a test split, other
+  languages), each split as the task's own eval set (task.build_eval)."""
+  params, _ = ckpt_lib.restore_params(os.path.join(workdir, "best"), abstract_params)
+  out = {}
+  for name, files in extra_evals.items():
+    task = task_lib.build_eval(config.task, files, tok, config.seq_len, config.model.type_vocab_size,
+                               evaluator.task.labels)
+    out[name] = dict(TaskEvaluator(evaluator.trainer, task).predict(params)[0], examples=len(task.eval_examples))
+  return out
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None,
+             extra_evals: dict | None = None) -> dict:
+  """Runs (or resumes) fine-tuning; returns the scores of the best checkpoint (and under "extra" its
+  scores on `extra_evals`, see score_more)."""
   tf = runtime.tensorflow()
   workdir = loop_lib.make_workdir(workdir)
   config, tok = resolve.resolve_finetuning(config, workdir, init_from)
@@ -156,7 +170,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
                        flops_per_token=flops.flops_per_token(mcfg, config.seq_len, 0),
                        best_metric=f"eval_{evaluator.best_name}")
   loop.run()
-  return {} if loop.preempted else evaluator.finish(workdir, abstract.params)
+  if loop.preempted:
+    return {}
+  result = evaluator.finish(workdir, abstract.params)
+  if extra_evals:
+    result["extra"] = score_more(evaluator, config, tok, workdir, abstract.params, extra_evals)
+  return result
 
 
 def main(argv):

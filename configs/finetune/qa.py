@@ -16,12 +16,12 @@ Hardware: CPU for the demo model, minutes; expect low scores from a tiny model o
 """
 import os
 
-from mlm_jax.tasks.config import finetune_config
+from mlm_jax.tasks.config import budget, finetune_config
 
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data"))
 
 
-def get_config():
+def get_config(mode="full"):
   c = finetune_config()
   c.task.kind = "qa"
   c.task.train_files = (os.path.join(_DATA, "downstream", "qa_xquad", "xquad.en.json.gz"),)
@@ -33,4 +33,5 @@ def get_config():
   c.optimizer.update(dict(learning_rate=3e-4, warmup_fraction=0.1))
   c.train.update(dict(steps=600, batch_size=32, eval_batch_size=128, log_every=50, eval_every=200,
                       save_every=200))
-  return c
+  return budget(c, mode, fast={"train.steps": 100, "train.batch_size": 16, "train.eval_every": 0,
+                               "train.save_every": 0, "task.max_eval_examples": 100})

@@ -17,12 +17,12 @@ Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one
 """
 import os
 
-from mlm_jax.tasks.config import finetune_config
+from mlm_jax.tasks.config import budget, finetune_config
 
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data"))
 
 
-def get_config():
+def get_config(mode="full"):
   c = finetune_config()
   d = os.path.join(_DATA, "downstream", "sentiment_sentence_polarity")
   c.task.kind = "classification"
@@ -34,4 +34,5 @@ def get_config():
   c.optimizer.update(dict(learning_rate=2e-4, warmup_fraction=0.1, weight_decay=0.01))
   c.train.update(dict(steps=300, batch_size=32, eval_batch_size=128, log_every=25, eval_every=100,
                       save_every=100))
-  return c
+  return budget(c, mode, fast={"train.steps": 100, "train.batch_size": 16, "train.eval_every": 0,
+                               "train.save_every": 0, "task.max_eval_examples": 300})

@@ -28,7 +28,8 @@ def finetune_config() -> ml_collections.ConfigDict:
   t.train_files = ()
   t.eval_files = ()
   t.eval_percent = 10.0          # with no eval_files: hold out this % of train_files by a stable hash
-  t.format = "tsv"               # classification/regression: tsv | csv | jsonl | lines
+  t.format = "tsv"               # classification/regression: tsv | csv | jsonl | lines | trec (TREC's
+                                 # 'COARSE:fine question'); token: conllu (CoNLL-U), anything else = CoNLL
   t.header = False               # tsv/csv: the first row names the columns
   t.text_field = "0"             # column number, header name or JSON key
   t.text_b_field = ""            # second text of sentence pairs ('' = single sentences)
@@ -62,4 +63,21 @@ def finetune_config() -> ml_collections.ConfigDict:
 
   c.mesh = base.mesh
   c.sharding = base.sharding
+  return c
+
+
+MODES = ("full", "fast")
+
+
+def budget(c: ml_collections.ConfigDict, mode: str, fast: dict) -> ml_collections.ConfigDict:
+  """`configs/finetune/TASK.py:fast`: the downstream suite's fast budget (fewer steps, shorter
+  sequences, capped eval sets), so that a quick check of a checkpoint costs minutes; `full` (the
+  default) keeps the file's own budget. `fast` maps config paths ('train.steps', 'seq_len') to values."""
+  if mode not in MODES:
+    from mlm_jax.errors import ConfigError
+    raise ConfigError(f"config argument {mode!r}: expected one of {', '.join(MODES)} (configs/finetune/TASK.py:fast)")
+  if mode == "fast":
+    for path, value in fast.items():
+      section, _, key = path.rpartition(".")
+      (c[section] if section else c)[key] = value
   return c

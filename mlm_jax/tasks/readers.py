@@ -6,6 +6,12 @@
 * Token classification (`read_conll`): CoNLL columns, one token per line, a blank line (or a line
   holding only whitespace) between sentences; `-DOCSTART-` lines and CoNLL-U comment lines
   (`# text = ...`) are skipped. Columns are split on tabs, or on spaces when a line has no tab.
+* CoNLL-U treebanks (`read_conllu`): the word form and one tag column (UPOS by default) of every
+  syntactic word; multiword-token lines (`3-4`, the surface form of words listed after it) and
+  empty nodes (`3.1`, enhanced-graph words with no surface form) are skipped, so every example is
+  the words a tagger labels. `group` is the sentence's `sent_id`, which parallel treebanks (PUD)
+  share across languages: a split by group keeps translations on the same side.
+* Question classification (`read_trec`): Li & Roth's TREC files, `COARSE:fine question` per line.
 * Extractive QA (`read_squad`): SQuAD v1.1 JSON.
 
 Files ending in .gz are decompressed; `gs://` and other remote paths go through tf.io.gfile.
@@ -29,6 +35,8 @@ from mlm_jax import choices, errors
 
 # "# key = value" lines of CoNLL-U; a '#' token line ("#\tO") is data.
 _COMMENT = re.compile(r"#\s*[\w ]+?\s*=\s")
+_SENT_ID = re.compile(r"#\s*sent_id\s*=\s*(\S+)")
+_WORD_ID = re.compile(r"\d+$")          # CoNLL-U ids of syntactic words (not 3-4 ranges, not 3.1 empty nodes)
 
 
 DataError = errors.DataError
@@ -193,4 +201,49 @@ def read_squad(paths: Sequence[str]) -> list[Example]:
               raise DataError(f"{path}: question {qa['id']}: answer {a['text']!r} is not at answer_start={s}")
           out.append(Example(id=str(qa["id"]), text=qa["question"], context=context, answers=answers,
                              group=title or f"{path}:{p}"))
+  return out
+
+
+def read_conllu(paths: Sequence[str], tag_column: int = 3, token_column: int = 1) -> list[Example]:
+  """Sentences of CoNLL-U files (UPOS tags by default), grouped by `sent_id` (see the module doc)."""
+  out = []
+  for path in expand(paths):
+    words, tags, sent_id, start = [], [], "", 0
+    for i, line in enumerate(read_text(path).splitlines() + [""], 1):
+      if not line.strip():
+        if words:
+          key = sent_id or f"{os.path.basename(path)}:{start}"
+          out.append(Example(id=key, words=words, tags=tags, text=" ".join(words), group=key))
+        words, tags, sent_id = [], [], ""
+        continue
+      if line.startswith("#"):
+        m = _SENT_ID.match(line)
+        sent_id = m.group(1) if m else sent_id
+        continue
+      cols = line.rstrip("\r\n").split("\t")
+      if len(cols) != 10:
+        raise DataError(f"{path}:{i}: a CoNLL-U word line has 10 tab-separated columns, got {len(cols)}: "
+                        f"{line[:80]!r}")
+      if not _WORD_ID.match(cols[0]):   # multiword token range or empty node
+        continue
+      if not words:
+        start = i
+      words.append(cols[token_column])
+      tags.append(cols[tag_column])
+  return out
+
+
+def read_trec(paths: Sequence[str], fine: bool = False) -> list[Example]:
+  """TREC question classification lines `COARSE:fine question`; the label is COARSE (or COARSE:fine)."""
+  out = []
+  for path in expand(paths):
+    for i, line in enumerate(read_text(path).splitlines(), 1):
+      if not line.strip():
+        continue
+      label, _, text = line.strip().partition(" ")
+      if ":" not in label or not text:
+        raise DataError(f"{path}:{i}: expected 'COARSE:fine question', got {line[:80]!r}")
+      text = text.strip()
+      out.append(Example(id=f"{os.path.basename(path)}:{i}", text=text, label=label if fine else label.split(":")[0],
+                         group=text))
   return out

@@ -88,6 +88,10 @@ class Task:
 
 
 def _read(t: ml_collections.ConfigDict, files) -> list:
+  if t.kind == "classification" and t.format == "trec":
+    return readers.read_trec(list(files))
+  if t.kind == "token" and t.format == "conllu":
+    return readers.read_conllu(list(files), t.tag_column, t.token_column)
   if t.kind in ("classification", "regression"):
     return readers.read_table(list(files), t.format, t.text_field, t.label_field, t.text_b_field, t.header,
                               regression=t.kind == "regression")
@@ -116,7 +120,8 @@ def _sample(examples: list, n: int) -> list:
   return [examples[i] for i in keep]
 
 
-def build(t: ml_collections.ConfigDict, tok: Tokenizer, seq_len: int, type_vocab_size: int) -> Task:
+def split(t: ml_collections.ConfigDict) -> tuple[list, list]:
+  """(training, eval) examples: the eval files, or the held-out part of the training files by group."""
   if not t.train_files:
     raise readers.DataError("task.train_files is empty: name the labeled training files")
   train = _read(t, t.train_files)
@@ -125,7 +130,11 @@ def build(t: ml_collections.ConfigDict, tok: Tokenizer, seq_len: int, type_vocab
   else:
     evals = [e for e in train if readers.held_out(e.group, t.eval_percent)]
     train = [e for e in train if not readers.held_out(e.group, t.eval_percent)]
-  train, evals = _sample(train, t.max_train_examples), _sample(evals, t.max_eval_examples)
+  return _sample(train, t.max_train_examples), _sample(evals, t.max_eval_examples)
+
+
+def build(t: ml_collections.ConfigDict, tok: Tokenizer, seq_len: int, type_vocab_size: int) -> Task:
+  train, evals = split(t)
   if not train or not evals:
     raise readers.DataError(f"task: {len(train)} training and {len(evals)} eval examples; both must be non-empty "
                             "(check task.train_files / task.eval_files / task.eval_percent)")
@@ -142,3 +151,27 @@ def build(t: ml_collections.ConfigDict, tok: Tokenizer, seq_len: int, type_vocab
   eval_arrays, meta = _encode(t, evals, tok, seq_len, type_vocab_size, labels)
   return Task(kind=t.kind, labels=labels, train=train_arrays, eval=eval_arrays, eval_examples=evals,
               eval_meta=meta, max_answer_length=int(t.max_answer_length))
+
+
+def eval_examples(t: ml_collections.ConfigDict, files) -> list:
+  """The examples of more eval files, split as the task's own eval set (see build_eval)."""
+  evals = _read(t, files)
+  if not t.eval_files:
+    evals = [e for e in evals if readers.held_out(e.group, t.eval_percent)]
+  return _sample(evals, t.max_eval_examples)
+
+
+def build_eval(t: ml_collections.ConfigDict, files, tok: Tokenizer, seq_len: int, type_vocab_size: int,
+               labels: list) -> Task:
+  """One more eval set for a task (its test split, another language), split as the task's own eval set.
+
+  With no `task.eval_files` the task held out part of its training files by group, so only that
+  part of `files` is kept: parallel data (PUD, XQuAD) groups the translations of a sentence or an
+  article together, and none of them can score a model that trained on the original.
+  """
+  evals = eval_examples(t, files)
+  if not evals:
+    raise readers.DataError(f"{', '.join(files)}: no eval examples (after the held-out split)")
+  arrays, meta = _encode(t, evals, tok, seq_len, type_vocab_size, labels)
+  return Task(kind=t.kind, labels=labels, train={}, eval=arrays, eval_examples=evals, eval_meta=meta,
+              max_answer_length=int(t.max_answer_length))

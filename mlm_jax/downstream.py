@@ -1,0 +1,83 @@
+"""Downstream suite binary: python -m mlm_jax.downstream --init_from=DIR [--fast] [--seeds=N] [--tasks=a,b]
+
+Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers
+folder) on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py
+(`--fast`: their `:fast` budgets and one seed), N seeds each, and prints one table: per task its
+standard metric, mean ± std over seeds, the average over tasks, and zero-shot cross-lingual columns
+(fine-tuned on English, scored in every other language the task has). OUT/downstream.json holds the
+same, OUT/TASK/seedN the runs; a re-run skips what is finished. The tasks, splits and model
+selection: mlm_jax/tasks/suite.py; the table: mlm_jax/tasks/suite_report.py.
+"""
+from __future__ import annotations
+
+from mlm_jax import runtime
+
+runtime.configure()   # before jax and tensorflow are imported: platform and log levels
+
+import ast  # noqa: E402
+import os  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+from mlm_jax import finetune  # noqa: E402  (its --init_from and --workdir are this binary's too)
+from mlm_jax.errors import ConfigError  # noqa: E402
+from mlm_jax.tasks import suite  # noqa: E402
+
+FLAGS = flags.FLAGS
+_FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed.")
+_SEEDS = flags.DEFINE_integer("seeds", 0, "Seeds per task (default: 3, or 1 with --fast).")
+_TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(suite.BY_NAME)} (default: all).")
+_RANDOM = flags.DEFINE_bool("random_init", False, "Baseline: init_from's architecture and tokenizer, random weights.")
+_LANGS = flags.DEFINE_string("pretrain_languages", "", "Languages the model was pretrained on, e.g. en,de "
+                             "(default: the names of the workdir's data.sources, 'en=...').")
+_DATA = flags.DEFINE_string("data_dir", "", "Folder holding downstream/ (default: $MLM_JAX_DATA or ../shared/data).")
+_SET = flags.DEFINE_multi_string("set", [], "Override a field of every task's config, e.g. --set=train.steps=50.")
+
+
+def _overrides(items: list) -> dict:
+  out = {}
+  for item in items:
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+      raise ConfigError(f"--set={item!r}: expected KEY=VALUE, e.g. train.steps=50")
+    try:
+      out[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      out[key] = value
+  return out
+
+
+def _workdir(init_from: str) -> str:
+  """--workdir, else INIT_FROM/downstream_MODE[_random_init]."""
+  if FLAGS.workdir:
+    return FLAGS.workdir
+  if not os.access(init_from, os.W_OK):
+    raise ConfigError(f"--init_from={init_from} is not writable: pass --workdir=OUT for the results")
+  mode = "fast" if _FAST.value else "full"
+  return os.path.join(init_from, f"downstream_{mode}{'_random_init' if _RANDOM.value else ''}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if FLAGS.config is not None:
+    raise app.UsageError("--config is mlm_jax.finetune's: the suite's budgets are configs/finetune/*.py (--set to "
+                         "override a field in all of them)")
+  init_from = FLAGS.init_from
+  if not init_from:
+    raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
+  if not os.path.isdir(init_from):
+    raise ConfigError(f"--init_from={init_from}: no such folder")
+  runtime.start()
+  suite.run_suite(init_from, _workdir(init_from), tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value,
+                  random_init=_RANDOM.value, pretrain_langs=_LANGS.value, data=_DATA.value,
+                  overrides=_overrides(_SET.value))
+
+
+def run():
+  """Console-script entry point (`mlm-jax-downstream`)."""
+  runtime.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,93 @@
+"""The downstream suite's table and JSON: per task mean ± std over seeds, one average, zero-shot columns.
+
+As a GLUE table does, every score is a percentage of the task's standard metric and the average
+is the unweighted mean over tasks. The cross-lingual table has one column per language (the mean
+over seeds) and two means per task: over the languages the model was pretrained on, and over the
+others; English, the fine-tuning language, is the task's own score and in neither mean.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+METRIC_NAMES = dict(accuracy="acc", macro_f1="macro-F1", f1="F1", token_accuracy="acc")
+
+
+def _mean_std(values: list) -> tuple[float, float]:
+  v = np.asarray(values, np.float64) * 100
+  return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def _mean(values) -> float | None:
+  values = list(values)
+  return float(np.mean(values)) if values else None
+
+
+def summarize_task(task, results: list, seen: list) -> dict:
+  """One task's row from its per-seed records (suite.run_one)."""
+  mean, std = _mean_std([r["score"] for r in results])
+  row = dict(metric=task.metric, mean=mean, std=std, seeds=[r["seed"] for r in results],
+             scores=[100 * r["score"] for r in results], seconds=sum(r["seconds"] for r in results))
+  if task.also:
+    row[task.also] = _mean_std([r["scores"][task.also] for r in results])[0]
+  langs = sorted({lang for r in results for lang in r["crosslingual"]})
+  if langs:
+    per = {lang: 100 * float(np.mean([r["crosslingual"][lang] for r in results])) for lang in langs}
+    row["crosslingual"] = per
+    row["crosslingual_seen_mean"] = _mean(v for k, v in per.items() if k in seen)
+    row["crosslingual_other_mean"] = _mean(v for k, v in per.items() if k not in seen)
+  return row
+
+
+def summarize(tasks: list, results: dict, info: dict) -> dict:
+  """The JSON: run info, per task rows, and the average over tasks (of the per-task means)."""
+  rows = {t.name: summarize_task(t, results[t.name], info["pretrain_languages"]) for t in tasks}
+  return dict(info, tasks=rows, average=_mean(r["mean"] for r in rows.values()))
+
+
+def _cell(value, std=None) -> str:
+  if value is None:
+    return "-"
+  return f"{value:.1f}" if std is None else f"{value:.1f} ± {std:.1f}"
+
+
+def _time(seconds: float) -> str:
+  return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def main_table(summary: dict) -> list[str]:
+  lines = [f"{'task':<15}{'metric':<10}{'score (mean ± std)':>20}{'seeds':>7}{'time':>10}"]
+  for name, row in summary["tasks"].items():
+    metric = METRIC_NAMES.get(row["metric"], row["metric"])
+    extra = f"  (EM {row['exact_match']:.1f})" if "exact_match" in row else ""
+    lines.append(f"{name:<15}{metric:<10}{_cell(row['mean'], row['std']):>20}{len(row['seeds']):>7}"
+                 f"{_time(row['seconds']):>10}{extra}")
+  lines.append(f"{'average':<25}{_cell(summary['average']):>20}   ({len(summary['tasks'])} tasks)")
+  return lines
+
+
+def crosslingual_table(summary: dict) -> list[str]:
+  rows = {n: r for n, r in summary["tasks"].items() if "crosslingual" in r}
+  if not rows:
+    return []
+  seen = summary["pretrain_languages"]
+  langs = sorted({lang for r in rows.values() for lang in r["crosslingual"]})
+  head = f"{'task':<10}{'en':>7}" + "".join(f"{lang + ('*' if lang in seen else ''):>7}" for lang in langs)
+  lines = [head + f"{'pretrained':>12}{'others':>9}"]
+  for name, r in rows.items():
+    cells = "".join(f"{_cell(r['crosslingual'].get(lang)):>7}" for lang in langs)
+    lines.append(f"{name:<10}{_cell(r['mean']):>7}{cells}{_cell(r['crosslingual_seen_mean']):>12}"
+                 f"{_cell(r['crosslingual_other_mean']):>9}")
+  return lines
+
+
+def format_table(summary: dict) -> str:
+  """The printed report: a header, the task table and the zero-shot table."""
+  head = (f"downstream suite: {summary['init_from']}  mode={summary['mode']}  seeds={summary['num_seeds']}"
+          f"{'  RANDOM INIT' if summary['random_init'] else ''}")
+  lines = [head, ""] + main_table(summary)
+  xl = crosslingual_table(summary)
+  if xl:
+    seen = summary["pretrain_languages"]
+    lines += ["", f"zero-shot cross-lingual (fine-tuned on en; same metric; * = pretrained on, from "
+                  f"{summary['pretrain_languages_from']}: {', '.join(seen) or 'none known'})"] + xl
+  return "\n".join(lines)
