@@ -10,7 +10,9 @@ It owns what every run needs and nothing an objective decides:
   console's tok/s and MFU count real tokens (segment_ids > 0, summed on device by the step), and
   `real_fraction` is their share of the batch's slots (`tokens_per_sec` in metrics.jsonl: slots);
 - every `eval_every` steps (and at the end) the evaluator; with `best_metric`, the best parameters
-  so far in WORKDIR/best;
+  so far in WORKDIR/best; every `probe_every` steps (and at the end) the probe, when there is one
+  (pretraining: linear probes of the frozen encoder, probe.py); both also before the first step
+  with `eval_at_start`;
 - every `save_every` steps (and at the end, and on SIGTERM) an async checkpoint with the input's
   position, never of a non-finite state;
 - SIGTERM: finish the step, save, exit 0. A watchdog ends a run stuck (in input, typically) for
@@ -98,6 +100,7 @@ class Loop:
   tokens_per_example: int
   flops_per_token: float
   best_metric: str = ""                  # e.g. "eval_accuracy": keep the best parameters in WORKDIR/best
+  probe: Evaluator | None = None         # (params, step) -> {"probe/...": float}, every train.probe_every steps
   preempted: bool = False                # after run(): whether SIGTERM ended it
 
   @property
@@ -151,11 +154,19 @@ class Loop:
       self._best.update(state, step, ev)
     return ev
 
+  def _probe(self, state, step: int, writer: MetricsWriter) -> dict:
+    result = self.probe(state.params, step)
+    writer.write(dict(step=step, **result))
+    logging.info("step %d  %s", step, "  ".join(f"{k} {v:.3f}" for k, v in result.items()))
+    return result
+
   def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
     t, trainer = self.train_config, self.trainer
     key = jax.random.key(trainer.config.seed)
     if self.evaluate is not None and t.eval_at_start and start == 0:
       self._eval(state, 0, writer)
+    if self.probe is not None and t.eval_at_start and start == 0:
+      self._probe(state, 0, writer)
     log = _Interval(self, start)
     last, step, m = {}, start, None
     while step < t.steps:
@@ -174,6 +185,10 @@ class Loop:
         watch.phase = "input"
         last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
+      if self.probe is not None and (_every(step, t.probe_every) or step == t.steps) and not watch.preempted:
+        watch.phase = "input"
+        last.update(self._probe(state, step, writer))
+        log.restart()
       if _every(step, t.save_every) or step == t.steps or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"
         self._save(checkpointer, state, m, step)

@@ -130,6 +130,25 @@ def from_task_config(name: str, task_cfg, tok, seq_len: int, type_vocab_size: in
                    score=lambda scores: t.score(scores)[0][metric])
 
 
+def from_suite(names, tok, seq_len: int, type_vocab_size: int, max_train: int, max_eval: int) -> list[ProbeTask]:
+  """Probe samples of downstream suite tasks by name (mlm_jax/tasks/suite.py), read with their fast
+  fine-tuning configs and scored by the suite's metric, at most `seq_len` tokens a row."""
+  from mlm_jax.errors import ConfigError
+  from mlm_jax.tasks import suite
+  out = []
+  for name in names:
+    if name not in suite.BY_NAME:
+      raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of {', '.join(suite.BY_NAME)})")
+    task = suite.BY_NAME[name]
+    cfg = suite.load_config(task, "fast", suite.data_dir())
+    if cfg.task.kind not in DEFAULT_METRIC:
+      raise ConfigError(f"train.probe_tasks: {name!r} is a {cfg.task.kind} task; a linear probe needs sentence "
+                        f"or token classification ({', '.join(n for n in suite.BY_NAME if n != name)}...)")
+    out.append(from_task_config(name, cfg.task, tok, min(int(cfg.seq_len), seq_len), type_vocab_size,
+                                max_train, max_eval, metric=task.metric))
+  return out
+
+
 class Probes:
   """The loop's probe evaluator: (hidden_fn) -> {'probe/<task>': score, 'probe/token_cosine': c, ...}."""
 

@@ -13,7 +13,6 @@ from mlm_jax import runtime
 
 runtime.configure()   # before jax and tensorflow are imported: platform and log levels
 
-import functools  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402
@@ -24,6 +23,7 @@ import ml_collections  # noqa: E402
 
 from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
 from mlm_jax import flops, loop as loop_lib, masking, resolve, sharding, step as step_lib  # noqa: E402
+from mlm_jax import probe as probe_lib  # noqa: E402
 from mlm_jax import workdir as workdir_lib  # noqa: E402
 from mlm_jax.objectives import registry  # noqa: E402
 from mlm_jax.errors import DataError  # noqa: E402
@@ -78,13 +78,14 @@ class HeldOut:
   """Held-out MLM metrics over `train.eval_batches` global batches with fixed masks (comparable across evals).
 
   Every process runs exactly that many steps (collectives must line up); a process whose eval shard
-  runs out feeds all-padding rows, which carry no predictions. The pipeline is built at the first
-  evaluation (~1 s of tf.data tracing), then rewound for each one.
+  runs out feeds all-padding rows, which carry no predictions. The pipeline is built before training
+  (~1 s of tf.data tracing), so a missing or empty eval split fails at start, not after the run has
+  trained; it is read only when evaluating, and rewound after each evaluation.
   """
 
   def __init__(self, trainer: step_lib.Trainer, tok, workdir: str):
     self.trainer, self.tok = trainer, tok
-    self.pipeline = functools.cache(lambda: host_pipeline(trainer.config, tok, "eval", workdir))
+    self.pipeline = host_pipeline(trainer.config, tok, "eval", workdir)
     self.key = jax.random.fold_in(jax.random.key(trainer.config.seed), 2**31 - 1)
 
   def __call__(self, params, step: int) -> dict:
@@ -92,7 +93,7 @@ class HeldOut:
     rows = config.train.batch_size // jax.process_count()
     filler = {k: np.full((rows, *shape), self.tok.pad_id if k == "input_ids" else 0, np.int32)   # no loss
               for k, shape in self.trainer.objective.batch_features(config.data.seq_len).items()}
-    pipeline, sums = self.pipeline(), None
+    pipeline, sums = self.pipeline, None
     for _ in range(config.train.eval_batches):
       batch = sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
       s = self.trainer.eval_step(params, batch, self.key)
@@ -104,6 +105,38 @@ class HeldOut:
       raise DataError("the eval split produced no batch (check data.eval_sources / data.eval_percent)")
     rates = getattr(objective, "summarize_eval", objective.summarize)(host)
     return {f"eval_{k}": float(v) for k, v in rates.items()}
+
+
+class Probe:
+  """The loop's probe (mlm_jax/probe.py): the objective's encoder run without dropout on fixed samples
+  of `train.probe_tasks`, replicated on every device (a probe batch is small), linear classifiers
+  fit on the host. Its task samples are read at start, so a bad task name fails before training."""
+
+  ROWS = 64   # a probe forward pass's batch: one compiled shape for every probe
+
+  def __init__(self, trainer: step_lib.Trainer, tok):
+    from flax import nnx
+    config = trainer.config
+    path, model_cfg = trainer.objective.encoder(config)
+    t = config.train
+    self.probes = probe_lib.Probes(probe_lib.from_suite(
+        t.probe_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size, t.probe_train_examples,
+        t.probe_eval_examples), self.ROWS)
+    self.replicated = sharding.replicated(trainer.mesh)
+
+    def hidden(params, batch):
+      model = nnx.merge(trainer.graphdef, params)
+      encoder = getattr(model, path) if path else model
+      return encoder(batch["input_ids"], batch["segment_ids"], batch["positions"], batch["token_type_ids"])
+
+    self.hidden = jax.jit(hidden, out_shardings=self.replicated)
+
+  def __call__(self, params, step: int) -> dict:
+    def last_layer(batch):
+      keys = ("input_ids", "segment_ids", "positions", "token_type_ids")
+      placed = {k: jax.make_array_from_process_local_data(self.replicated, batch[k]) for k in keys}
+      return np.asarray(self.hidden(params, placed).addressable_data(0))
+    return self.probes(last_layer)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> dict:
@@ -125,9 +158,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
 
   seq_len = config.data.seq_len
   fpt = flops.training_flops_per_token(config, seq_len, masking.max_predictions(config.masking, seq_len))
+  probe = Probe(trainer, tok) if config.train.probe_every > 0 else None
   loop = loop_lib.Loop(trainer, workdir, PipelineInput(host_pipeline(config, tok, "train", workdir)),
                        HeldOut(trainer, tok, workdir),
-                       init_state, tokens_per_example=seq_len, flops_per_token=fpt)
+                       init_state, tokens_per_example=seq_len, flops_per_token=fpt, probe=probe)
   return loop.run()
 
 

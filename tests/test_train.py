@@ -82,10 +82,13 @@ ELECTRA = ("--config.objective=electra", "--config.model.embedding_size=32", "--
 
 
 @pytest.fixture(scope="module")
-def electra_run(tmp_path_factory, corpus_and_tokenizer):
-  """A finished 12-step ELECTRA run (checkpoints 6 and 12): the kill -9 test's reference, and exported."""
+def electra_run(tmp_path_factory, corpus_and_tokenizer, shared_data):
+  """A finished 12-step ELECTRA run (checkpoints 6 and 12): the kill -9 test's reference, and exported.
+  It also probes its discriminator every 6 steps (probes read parameters only: the losses are the same)."""
   wd = tmp_path_factory.mktemp("electra") / "run"
-  p = _run(_cmd(wd, corpus_and_tokenizer, *ELECTRA, "--config.train.save_every=6", steps=12))
+  p = _run(_cmd(wd, corpus_and_tokenizer, *ELECTRA, "--config.train.save_every=6", "--config.train.probe_every=6",
+                "--config.train.probe_tasks=('sms_spam','pos')", "--config.train.probe_train_examples=64",
+                "--config.train.probe_eval_examples=32", steps=12))
   assert p.returncode == 0, p.stderr[-3000:]
   return wd
 
@@ -186,6 +189,14 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   from mlm_jax.convert import electra as electra_convert
   from mlm_jax.errors import UserError
 
+  lines = [json.loads(line) for line in (electra_run / "metrics.jsonl").read_text().splitlines()]
+  probes = {m["step"]: m for m in lines if "probe/token_cosine" in m}
+  assert sorted(probes) == [0, 6, 12]   # the demo config evaluates (and probes) before step 1 too
+  assert all(0 <= m[f"probe/{t}"] <= 1 for m in probes.values() for t in ("sms_spam", "pos")), probes
+  final = [m for m in lines if "eval_disc_auc" in m][-1]
+  assert final["step"] == 12 and all(0 <= final[f"eval_{k}"] <= 1 for k in ("disc_auc", "disc_precision",
+                                                                              "disc_recall", "sampled_accuracy"))
+
   out = tmp_path / "hf"
   summary = cio.to_hf(str(electra_run), str(out))
   assert summary["step"] == 12 and "generator/model.safetensors" in summary["files"]
@@ -280,10 +291,13 @@ def test_config_typo_is_one_line_and_names_the_key(tmp_path, corpus_and_tokenize
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_missing_corpus_is_one_line(tmp_path, corpus_and_tokenizer):
-  p = _run(_cmd(tmp_path / "run", corpus_and_tokenizer, "--config.data.sources=('docs=/nonexistent/*.txt',)"))
+@pytest.mark.parametrize("field", ["sources", "eval_sources"])
+def test_missing_corpus_is_one_line(tmp_path, corpus_and_tokenizer, field):
+  """Also a missing held-out corpus, which fails at start rather than at the first evaluation."""
+  p = _run(_cmd(tmp_path / "run", corpus_and_tokenizer, f"--config.data.{field}=('docs=/nonexistent/*.txt',)"))
   assert p.returncode == 1
   assert "/nonexistent/*.txt" in _error_line(p)
+  assert not (tmp_path / "run" / "checkpoints").exists() and "step 1/" not in p.stderr
 
 
 def test_checkpoint_of_another_shape_is_refused_and_kept(tmp_path, corpus_and_tokenizer, two_step_run):
