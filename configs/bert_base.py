@@ -25,7 +25,7 @@ def get_config():
   c.tokenizer.layout = "bert"
   c.tokenizer.vocab_size = 30522
   c.data.sources = ("store:/data/store/bert_base",)   # tools/prepare_data.py output (tokenizer inside)
-  c.data.store_workers = 2   # batches built by 2 processes beside the trainer (README: token stores)
+  c.data.store_workers = 2   # batches built by 2 processes beside the trainer (docs/token_store.md)
   c.data.seq_len = 512
   c.data.packing = "segmented"
   c.optimizer.update(dict(learning_rate=1e-4, warmup_steps=10_000, schedule="linear", b1=0.9, b2=0.999,

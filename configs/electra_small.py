@@ -26,7 +26,7 @@ Expected (measured on the shared English sentences, corpus/en/leipzig, 520 steps
 MLM steps of configs/demo.py; ~9 min on a busy 2-core VM): held-out generator MLM loss 8.3 -> 6.2
 (accuracy 0.13), discriminator loss 0.69 -> 0.38 with accuracy 0.86, i.e. still at the rate of
 "nothing replaced" (13% of the tokens are): a budget this small teaches the discriminator the prior,
-hardly more. README.md (ELECTRA) compares it with MLM at equal FLOPs.
+hardly more. docs/objectives.md (ELECTRA) compares it with MLM at equal FLOPs.
 """
 import importlib.util
 import os

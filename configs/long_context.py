@@ -6,7 +6,7 @@ Bidirectional Encoder for Fast, Memory Efficient, and Long Context Finetuning an
   # will it fit: python tools/aot_compile.py --config=configs/long_context.py --topology=v5p:2x2x2
 
 Hardware: a TPU v5p-8 (2x2x2) or larger; splash attention is what makes it fit (the xla path
-materializes [batch, heads, 8192, 8192] float32 scores per layer; see the README's "Will it fit?").
+materializes [batch, heads, 8192, 8192] float32 scores per layer; see docs/tpu_fit.md).
 Recipe after ModernBERT-base: 22 layers, hidden 768, 12 heads, GeGLU FFN 1152, pre-LN, rotary
 positions, a global attention layer every 3 layers (theta 160k) and 128-token sliding windows in
 the others (theta 10k), no dropout, 30% masking, sequences of 8192 tokens, global batch 64

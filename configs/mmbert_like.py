@@ -19,7 +19,7 @@ Expected (demo): the held-out MLM loss (all 14 languages, 15% masking) falls fro
 8.2 / 7.6 / 7.0 at steps 100 / 200 / 300; the logged per-language weights (`data/<lang>/weight`,
 `data/mix_alpha`, `data/phase`) and mask rate (`mask_rate`) change at steps 100 and 200, and the
 token shares measured from `data/<lang>/tokens` follow p_i ∝ n_i^alpha over the languages started so
-far within 0.0003 (README: "Sentence objectives and curricula").
+far within 0.0003 (docs/objectives.md, "Curricula").
 Recipe: mmBERT's three phases (pretraining, mid-training, decay) run as one job, with its mask rates and
 inverse-temperature exponents; its 60 -> 110 -> 1833 languages become 8 -> 11 -> 14 here (largest
 first: en de fr es it ru zh ja, then uk el vi, then bn hy mr). mmBERT's encoder is ModernBERT; this file

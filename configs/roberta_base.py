@@ -22,7 +22,7 @@ def get_config():
                       layer_norm_eps=1e-5, hidden_dropout=0.1, attention_dropout=0.1, dtype="bfloat16"))
   c.tokenizer.update(dict(layout="xlmr", model_type="bpe", vocab_size=50265))
   c.data.sources = ("store:/data/store/roberta_base",)   # tools/prepare_data.py output (tokenizer inside)
-  c.data.store_workers = 2   # batches built by 2 processes beside the trainer (README: token stores)
+  c.data.store_workers = 2   # batches built by 2 processes beside the trainer (docs/token_store.md)
   c.data.seq_len = 512
   c.data.packing = "concat"
   c.optimizer.update(dict(learning_rate=6e-4, warmup_steps=24_000, schedule="linear", b1=0.9, b2=0.98,

@@ -27,7 +27,7 @@ def get_config(size="base"):
                       layer_norm_eps=1e-5, hidden_dropout=0.1, attention_dropout=0.1, dtype="bfloat16"))
   c.tokenizer.update(dict(layout="xlmr", model_type="unigram", vocab_size=250002, alpha=0.3))
   c.data.sources = ("store:/data/store/xlmr",)   # tools/prepare_data.py output (tokenizer inside)
-  c.data.store_workers = 2   # batches built by 2 processes beside the trainer (README: token stores)
+  c.data.store_workers = 2   # batches built by 2 processes beside the trainer (docs/token_store.md)
   c.data.seq_len = 512
   c.data.packing = "concat"
   c.data.mix_alpha = 0.3

@@ -1,7 +1,7 @@
 """Linear probes of the frozen encoder during pretraining: is it learning features a task can use?
 
 A held-out MLM loss says how well the model predicts tokens, not whether its representations are
-useful (the README's ELECTRA run collapsed them while its loss looked fine). Every
+useful (docs/objectives.md's ELECTRA run collapsed them while its loss looked fine). Every
 `train.probe_every` steps the loop runs the encoder, without dropout, over a fixed sample of each
 task in `train.probe_tasks`, fits a linear classifier on the host and logs its held-out score as
 `probe/<task>`; `probe/token_cosine` is the mean cosine similarity between the last layer's token

@@ -1,4 +1,4 @@
-"""tools/benchmark.py train runs the real step and ends with the JSON line the README documents."""
+"""tools/benchmark.py train runs the real step and ends with the JSON line docs/performance.md documents."""
 import json
 import subprocess
 import sys

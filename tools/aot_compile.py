@@ -3,7 +3,7 @@
 
   python tools/aot_compile.py --config=configs/xlmr_large.py --topology=v5p:4x4x4 [--config.x=y ...]
   python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5e:2x2,v5p:2x2x2 --json >> fit.jsonl
-  python tools/aot_compile.py --table=fit.jsonl      # the README's markdown table from those lines
+  python tools/aot_compile.py --table=fit.jsonl      # docs/tpu_fit.md's markdown table from those lines
   python tools/aot_compile.py --config=configs/bert_base.py --topology=v5p:2x2x2 --config.data.seq_len=512 \
       --config.model.attention_dropout=0 --config.model.attention_impl=splash   # or xla; scan_layers=true
 

@@ -11,7 +11,7 @@ equal by construction, for WordPiece and byte-level BPE with one code path. The 
 on the streaming path: tokenization runs in a `tf.numpy_function` (Python, holding the GIL while
 it converts strings) instead of in-graph C++. `tokenizers` encodes a batch on its own Rust thread
 pool with the GIL released, and the long runs use prepare's token store, which tokenizes once
-(README: tokenizers, for the measured tokens/s of both paths).
+(docs/tokenizers.md, for the measured tokens/s of both paths).
 
 Files: a `tokenizer.json` (preferred, what AutoTokenizer uses), or `vocab.txt` (WordPiece, built
 with the BertNormalizer options of `tokenizer_config.json`: do_lower_case, strip_accents,
