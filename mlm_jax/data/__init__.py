@@ -2,6 +2,7 @@
 
   input.py      make_input(config, input_kind, ...): the one place that picks a run's input
   specs.py      source specs (`name=spec` strings), their files, mixing weights; no TensorFlow
+  best_fit.py   best-fit packing of documents into rows over a window of open rows (both paths)
   config.py     defaults of `config.data`
   text/         streaming path: sources -> tf.data tokenize, pack, mix, batch (resume replays)
   store/        token-store path: prepare once, then batches as pure functions of the step

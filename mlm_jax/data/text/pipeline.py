@@ -29,12 +29,7 @@ Tokenization is one call per batch of `tokenize_batch` documents: in-graph tenso
 sentencepiece, Hugging Face `tokenizers` in a `tf.numpy_function` for WordPiece and byte-level BPE
 (mlm_jax/data/tokenizers/hf.py says why).
 
-Segmented packing (`data.packing_fit`): 'best' = best-fit over `packing_window` open rows carried
-from one tokenized batch of documents to the next (a tf.data scan over the batches, the packing in
-best_fit.py run in a numpy_function: ~1 % padding); 'next' = next-fit within each tokenized batch
-of `tokenize_batch` documents (a stateless, parallel map; the packing before best-fit existed,
-kept so that runs started with it resume onto the same rows). Concat packing carries the open row
-across batches (a tf.data scan).
+Packing into rows (segmented best fit or next fit, concat) is packing.py's.
 
 Resume works by replaying: the stream is a pure function of (config, seed, host), so the
 restored iterator skips the `batches` already consumed inside tf.data (C++, no Python per
@@ -42,257 +37,30 @@ batch), at the pipeline's own speed. That keeps the checkpointed state a few byt
 megabytes of shuffle buffers, at the cost of restore time proportional to the run so far.
 """
 import atexit
-import functools
 import hashlib
 import json
 import logging
 import weakref
 from typing import Optional, Sequence, Union
 
-import numpy as np
 import tensorflow as tf
 
 from mlm_jax import choices
-from mlm_jax.data import best_fit
 from mlm_jax.data import specs
 from mlm_jax.data.specs import mixing_weights
+from mlm_jax.data.text import packing
 from mlm_jax.data.text import sources as sources_lib
 from mlm_jax.data.tokenizers import base as tokenizer_lib
 from mlm_jax.data.tokenizers import load as tokenizer_load
 
-FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
+FEATURES = packing.FEATURES
 _AUTOTUNE = tf.data.AUTOTUNE
-
-
-def _as_written(fn):
-  """`fn` for Dataset.map, traced without autograph.
-
-  The tokenize-and-pack functions are graph code already (tf.while_loop, no Python branches on
-  tensors); autograph's rewrite of them and of the tokenizer cost ~1.3 s of every pipeline's
-  construction (demo config, 2-core VM), twice at the start of every training run.
-  """
-  return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _seed(seed: int, *salt: int) -> int:
   """A derived op seed: distinct per use, stable across runs (tf.data seeds are int64)."""
   h = hashlib.sha256(repr((int(seed),) + tuple(int(s) for s in salt)).encode()).digest()
   return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
-
-
-class _Packer:
-  """Token streams -> fixed-length rows. Holds the tokenizer-derived constants."""
-
-  def __init__(self, tok: tokenizer_lib.Tokenizer, seq_len: int, stats, num_parallel_calls):
-    if seq_len < 4:
-      raise sources_lib.DataError(f"data.seq_len={seq_len}: need at least 4 (BOS, 2 tokens, EOS)")
-    self.seq_len = seq_len
-    self.bos, self.eos, self.pad = tok.bos_id, tok.eos_id, tok.pad_id
-    self.word_start = tf.constant(np.asarray(tok.word_start_table(), np.int32))
-    after = tok.after_space_table()
-    self.after_space = None if after is None else tf.constant(np.asarray(after, np.int32))
-    self.stats = stats
-    self.npc = num_parallel_calls
-
-  def _chunks(self, ids: tf.RaggedTensor, max_len: int):
-    """[docs, None] ids -> ([chunks, None] ids, word starts) with chunks of <= max_len tokens."""
-    lens = ids.row_lengths()
-    n_chunks = (lens + max_len - 1) // max_len
-    first_chunk = tf.cumsum(n_chunks, exclusive=True)
-    offset = tf.ragged.range(lens).flat_values
-    chunk_of_token = tf.repeat(first_chunk, lens) + offset // max_len
-    values = ids.flat_values
-    ws = self._starts(values)
-    ws = tf.where(offset % max_len == 0, 1, ws)  # the first token of a document / chunk
-    nrows = tf.reduce_sum(n_chunks)
-    if self.stats is not None:
-      with tf.control_dependencies([self.stats.add("long_docs_split", tf.reduce_sum(
-          tf.cast(n_chunks > 1, tf.int64)))]):
-        nrows = tf.identity(nrows)
-    chunk_ids = tf.RaggedTensor.from_value_rowids(values, chunk_of_token, nrows=nrows)
-    chunk_ws = tf.RaggedTensor.from_value_rowids(ws, chunk_of_token, nrows=nrows)
-    return self._wrap(chunk_ids), self._wrap(chunk_ws, special=1)
-
-  def _starts(self, values):
-    """Word-start flags of a flat run of ids (the first token of a document is set by the caller)."""
-    ws = tf.gather(self.word_start, values)
-    if self.after_space is None:
-      return ws
-    prev = tf.concat([tf.zeros([1], tf.int32), tf.gather(self.after_space, values[:-1])], 0)
-    return tf.maximum(ws, prev[:tf.size(values)])
-
-  def _wrap(self, rt, special=None):
-    n = rt.nrows()
-    bos = tf.fill([n, 1], tf.constant(self.bos if special is None else special, rt.dtype))
-    eos = tf.fill([n, 1], tf.constant(self.eos if special is None else special, rt.dtype))
-    return tf.concat([bos, rt, eos], axis=1)
-
-  # -- segmented ---------------------------------------------------------------------------
-  def segmented(self, doc_batches: tf.data.Dataset, to_ids, finite: bool) -> tf.data.Dataset:
-    """Next-fit packing of whole documents (chunks) into rows, one batch of documents at a time.
-
-    Each tokenized batch is packed on its own (a parallel, stateless map), so only its last row
-    can be short: ~1 % fill for stateless parallelism, which a sequential carry would forbid.
-    """
-    del finite  # every batch is flushed: nothing is ever left over
-    s = self.seq_len
-    pack = _as_written(lambda b: self._pack_rows(*self._chunks(to_ids(b), s - 2)))
-    return doc_batches.map(pack, num_parallel_calls=self.npc).unbatch()
-
-  def _pack_rows(self, ids: tf.RaggedTensor, ws: tf.RaggedTensor) -> dict:
-    """Chunks (each <= seq_len, BOS/EOS included) -> {feature: [rows, seq_len]}."""
-    s = self.seq_len
-    lens = tf.cast(ids.row_lengths(), tf.int32)
-    n = tf.size(lens)
-
-    def body(i, fill, row, rows, offsets):
-      start_new = fill + lens[i] > s
-      row = tf.where(start_new, row + 1, row)
-      off = tf.where(start_new, 0, fill)
-      return i + 1, off + lens[i], row, rows.write(i, row), offsets.write(i, off)
-
-    _, _, last, rows, offsets = tf.while_loop(
-        lambda i, *_: i < n, body,
-        (tf.constant(0), tf.constant(0), tf.constant(0),
-         tf.TensorArray(tf.int32, size=n), tf.TensorArray(tf.int32, size=n)))
-    row_of_chunk = rows.stack()
-    offset = offsets.stack()
-    nrows = tf.where(n > 0, last + 1, 0)
-    first = tf.math.unsorted_segment_min(tf.range(n), row_of_chunk, nrows)
-    seg_of_chunk = tf.range(n) - tf.gather(first, row_of_chunk) + 1
-    pos = tf.ragged.range(lens).flat_values
-    where = tf.stack([tf.repeat(row_of_chunk, lens), tf.repeat(offset, lens) + pos], axis=1)
-    shape = tf.stack([nrows, s])
-
-    def scatter(values):
-      return tf.scatter_nd(where, tf.cast(values, tf.int32), shape)
-
-    real = scatter(tf.ones_like(pos)) > 0
-    return dict(input_ids=tf.where(real, scatter(ids.flat_values), self.pad),
-                segment_ids=scatter(tf.repeat(seg_of_chunk, lens)),
-                positions=scatter(pos),
-                word_starts=scatter(ws.flat_values))
-
-  def segmented_best(self, doc_batches: tf.data.Dataset, to_ids, finite: bool,
-                     window: int) -> tf.data.Dataset:
-    """Best-fit packing of documents (chunks) over `window` open rows carried across batches.
-
-    The chunking stays a parallel map; the packing is one sequential scan whose state is the open
-    rows ([window, seq_len] per feature), so it is a pure function of the document stream, which
-    the seed and file order fix (resume replays it). A finite stream ends with a flush.
-    """
-    s = self.seq_len
-
-    def chunks(b):
-      ids, ws = self._chunks(to_ids(b), s - 2)
-      return (tf.cast(ids.flat_values, tf.int32), tf.cast(ws.flat_values, tf.int32),
-              tf.cast(ids.row_lengths(), tf.int32), tf.constant(False))
-
-    groups = doc_batches.map(_as_written(chunks), num_parallel_calls=self.npc)
-    if finite:
-      empty = tf.zeros([0], tf.int32)
-      groups = groups.concatenate(tf.data.Dataset.from_tensors((empty, empty, empty, tf.constant(True))))
-    rows = tf.fill([window, s], tf.constant(self.pad, tf.int32))
-    zeros = tf.zeros([window, s], tf.int32)
-    init = (rows, zeros, zeros, zeros, tf.zeros([window], tf.int32), tf.fill([window], tf.constant(-1, tf.int64)))
-    fn = functools.partial(_best_fit_step, s, window, self.pad)
-
-    def step(state, group):
-      out = tf.numpy_function(fn, [*state, *group], [tf.int32] * 5 + [tf.int64] + [tf.int32] * 4,
-                              stateful=False)
-      for t in out[:4]:
-        t.set_shape([window, s])
-      for t in out[4:6]:
-        t.set_shape([window])
-      for t in out[6:]:
-        t.set_shape([None, s])
-      return tuple(out[:6]), dict(zip(FEATURES, out[6:]))
-
-    return groups.scan(init, step).unbatch()
-
-  # -- concat ------------------------------------------------------------------------------
-  def concat(self, doc_batches: tf.data.Dataset, to_ids, finite: bool) -> tf.data.Dataset:
-    """RoBERTa FULL-SENTENCES: one stream of <s> doc </s> <s> doc </s> ... cut every seq_len."""
-    s = self.seq_len
-
-    def flatten(b):
-      r = to_ids(b)
-      lens = r.row_lengths()
-      offset = tf.ragged.range(lens).flat_values
-      ws = tf.where(offset == 0, 1, self._starts(r.flat_values))
-      ids = self._wrap(r).flat_values
-      ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
-      return ids, ws
-
-    pieces = doc_batches.map(_as_written(flatten), num_parallel_calls=self.npc)
-    if finite:
-      pieces = pieces.concatenate(tf.data.Dataset.from_tensors(
-          (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
-    init = dict(ids=tf.fill([s], self.pad), ws=tf.zeros([s], tf.int32), fill=tf.constant(0))
-
-    def step(st, piece):
-      ids, ws = piece
-      flush = tf.equal(tf.size(ids), 0)
-      all_ids = tf.concat([st["ids"][:st["fill"]], ids], 0)
-      all_ws = tf.concat([st["ws"][:st["fill"]], ws], 0)
-      total = tf.size(all_ids)
-      k = total // s
-      # A flush turns a non-empty remainder into one last, padded row.
-      pad_to = tf.where(tf.logical_and(flush, total % s > 0), (k + 1) * s, k * s)
-      padn = pad_to - total
-      rows_ids = tf.reshape(tf.pad(all_ids, [[0, tf.maximum(padn, 0)]], constant_values=self.pad)
-                            [:pad_to], [-1, s])
-      rows_ws = tf.reshape(tf.pad(all_ws, [[0, tf.maximum(padn, 0)]])[:pad_to], [-1, s])
-      real = tf.reshape(tf.range(pad_to) < total, [-1, s])
-      out = dict(input_ids=rows_ids,
-                 segment_ids=tf.cast(real, tf.int32),
-                 positions=tf.where(real, tf.range(s)[None, :], 0),
-                 word_starts=tf.where(tf.range(s)[None, :] == 0, 1, rows_ws) * tf.cast(real, tf.int32))
-      rem = tf.where(flush, 0, total - k * s)
-      new = dict(ids=tf.pad(all_ids[k * s:][:rem], [[0, s - rem]], constant_values=self.pad),
-                 ws=tf.pad(all_ws[k * s:][:rem], [[0, s - rem]]), fill=rem)
-      return new, out
-
-    return pieces.scan(init, step).unbatch()
-
-
-def _best_fit_step(seq_len, window, pad, ids, ws, seg, pos, fill, row, chunk_ids, chunk_ws, lens,
-                   flush):
-  """One batch of chunks (BOS/EOS included) into the open rows -> (new open rows, closed rows).
-
-  Open rows: [window, seq_len] ids, word starts, segment ids, positions, then each row's fill and
-  number (best_fit.Window's state); the closed rows come out as four [closed, seq_len] arrays in
-  the order of FEATURES (input_ids, segment_ids, positions, word_starts).
-  """
-  ids, ws, seg, pos = (np.array(a) for a in (ids, ws, seg, pos))   # the inputs are TF's buffers
-  win = best_fit.Window(seq_len, window, fill, row)
-  slots, offsets, _, closed = win.place(lens.tolist())
-  starts = (np.cumsum(lens) - lens).tolist()
-  out = []
-
-  def emit(slot):
-    out.append((ids[slot].copy(), seg[slot].copy(), pos[slot].copy(), ws[slot].copy()))
-    ids[slot], ws[slot], seg[slot], pos[slot] = pad, 0, 0, 0
-
-  c = 0
-  for i, n in enumerate(lens.tolist()):
-    while c < len(closed) and closed[c][0] == i:
-      emit(closed[c][1])
-      c += 1
-    k, a, b = slots[i], offsets[i], starts[i]
-    ids[k, a:a + n] = chunk_ids[b:b + n]
-    ws[k, a:a + n] = chunk_ws[b:b + n]
-    seg[k, a:a + n] = seg[k, a - 1] + 1 if a else 1
-    pos[k, a:a + n] = np.arange(n)
-  for _, slot, _ in closed[c:]:
-    emit(slot)
-  new_fill, new_row = np.asarray(win.fill, np.int32), np.asarray(win.row, np.int64)
-  if flush:
-    for slot in win.open_slots():
-      emit(slot)
-    new_fill[:], new_row[:] = 0, -1
-  done = [np.stack([o[f] for o in out]) if out else np.zeros([0, seq_len], np.int32) for f in range(4)]
-  return (ids, ws, seg, pos, new_fill, new_row, *done)
 
 
 def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, tokenize, tokenize_batch: int):
@@ -358,7 +126,7 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
     stats = new_stats(c)
   tokenize = tok.tf_tokenize()
   npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
-  packer = _Packer(tok, c.seq_len, stats, npc)
+  packer = packing.Packer(tok, c.seq_len, stats, npc)
   rows = []
   for i, src in enumerate(srcs):
     docs = src.documents(
