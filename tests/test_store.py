@@ -202,12 +202,13 @@ def test_worker_processes_build_the_same_batches(store, tmp_path):
   assert [p.wait(timeout=10) for p in procs] == [0, 0]
   w = _pipe(_cfg(store, tmp_path, store_workers=2, **c), tmp_path)
   next(w)
-  for proc in w._workers._procs:
-    proc.kill()
+  procs = list(w._workers._procs)
+  procs[0].kill()
   with pytest.raises(DataError) as e:
     for _ in range(20):
       next(w)
   assert "store batch worker" in str(e.value) and "\n" not in str(e.value)
+  assert [p.wait(timeout=10) for p in procs][1] == 0   # the failed pipeline's other worker ends with it
 
 
 def test_best_fit_window():

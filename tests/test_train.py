@@ -104,14 +104,31 @@ def docs_store(corpus_and_tokenizer, tmp_path_factory):
   return root
 
 
-def _store_workers() -> list:
-  """Pids of running store batch workers (python -m mlm_jax.data.store.batch)."""
+def _store_workers(parent: int) -> list:
+  """Pids of the store batch workers (python -m mlm_jax.data.store.batch) that `parent` started.
+  Only this trainer's: a worker of another test's pipeline in this pytest process is not its business."""
   out = []
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"mlm_jax.data.store.batch" in f.read():
-          out.append(int(pid))
+        cmdline = f.read()
+      with open(f"/proc/{pid}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+    if b"mlm_jax.data.store.batch" in cmdline and ppid == parent:
+      out.append(int(pid))
+  return out
+
+
+def _alive(pids) -> list:
+  """The pids that still run (a zombie has ended; init reaps a killed trainer's orphans)."""
+  out = []
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+          out.append(pid)
     except OSError:
       pass
   return out
@@ -150,16 +167,18 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
     if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
+      workers = _store_workers(proc.pid)
       proc.send_signal(signal.SIGKILL)
       break
     time.sleep(0.02)
   proc.wait()
   assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
   assert max(_losses(killed)) < 2 * n
+  assert len(workers) == (2 if objective == "store" else 0)
   deadline = time.time() + 20
-  while _store_workers() and time.time() < deadline:   # a worker ends when its stdin closes
+  while _alive(workers) and time.time() < deadline:   # a worker ends when its stdin closes
     time.sleep(0.1)
-  assert not _store_workers()
+  assert not _alive(workers)
 
   p = _run(killed_cmd)
   assert p.returncode == 0, p.stderr[-3000:]

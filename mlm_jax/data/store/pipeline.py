@@ -319,7 +319,11 @@ class StorePipeline:
     if self.split == "eval" and self._rows >= int(self._eval_ends[-1]):
       raise StopIteration
     first = self._rows + self.process_index * self.batch_size
-    batch, tally = self._ahead.get(first) if self._ahead else self._build(first)
+    try:
+      batch, tally = self._ahead.get(first) if self._ahead else self._build(first)
+    except DataError:
+      self._stop_workers()   # a failed pipeline is done: its other workers end now, not when collected
+      raise
     self._count(tally)
     self._rows += self.batch_size * self.process_count
     return batch
@@ -377,12 +381,15 @@ class StorePipeline:
     logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
                     "packing, the rows this run started on (a new run packs by best-fit)")
     self.fit = "next"
+    self._stop_workers()
+    self._open_streams()
+
+  def _stop_workers(self) -> None:
     if self._workers is not None:
       self._workers.close()
       self._workers = None
     if self._ahead:
       self._ahead.drop()
-    self._open_streams()
 
   def stats(self) -> dict:
     """Per source: global rows and epochs consumed, real tokens this process read, and the share of
