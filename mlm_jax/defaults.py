@@ -144,6 +144,9 @@ def electra_defaults() -> ml_collections.ConfigDict:
   e.generator_intermediate_size = 0  # 0 = model.intermediate_size // 4
   e.generator_num_layers = 0       # 0 = model.num_layers
   e.disc_weight = 50.0             # lambda: loss = generator MLM + disc_weight x discriminator BCE
+  # One embedding LayerNorm for both towers, as google-research/electra shares it with the tables;
+  # False: one each (runs written before this field existed read as False and load unchanged).
+  e.share_embedding_norm = True
   return e
 
 

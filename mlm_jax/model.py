@@ -303,10 +303,12 @@ class Encoder(nnx.Module):
   between the two layouts.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0, shared_embeddings: "Encoder | None" = None):
+  def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0, shared_embeddings: "Encoder | None" = None,
+               share_embedding_norm: bool = False):
     """`model.mlm_head=False` builds no MLM head (ELECTRA's discriminator); `shared_embeddings` reuses another
     encoder's word / position / token-type tables (the same nnx.Param objects: one array in the state,
-    gradients from both users summed), as ELECTRA's generator shares the discriminator's."""
+    gradients from both users summed), as ELECTRA's generator shares the discriminator's, and with
+    `share_embedding_norm` its embedding LayerNorm too."""
     if cfg.hidden_size % cfg.num_heads:
       raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
     for field in ("positions", "norm", "mlp"):
@@ -332,7 +334,8 @@ class Encoder(nnx.Module):
       self.token_type_embeddings = (shared_embeddings.token_type_embeddings if shared_embeddings is not None else
                                     _param(keys[2], (cfg.type_vocab_size, e), (None, "embed"), "normal", std, pdt))
     if cfg.embedding_norm:   # on the embedding sum, before any projection: of the embedding size
-      self.embeddings_norm = LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias)
+      self.embeddings_norm = (shared_embeddings.embeddings_norm if share_embedding_norm and shared_embeddings
+                              else LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias))
     if final_norm_name(cfg):
       setattr(self, final_norm_name(cfg), _norm(cfg, pdt))
     if e != h:

@@ -45,6 +45,8 @@ def migrate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.model.attention_impl = "auto"
   if "data" in config and "packing_fit" not in config.data:
     config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
+  if "electra" in config and "share_embedding_norm" not in config.electra:
+    config.electra.share_embedding_norm = False   # each tower kept its own embedding LayerNorm then
   if "objective" not in config and "masking" in config:   # runs from before objectives existed were MLM
     config.objective = registry.DEFAULT
   return config

@@ -91,6 +91,9 @@ def _hf_models(config, params):
 
 def test_losses_and_logits_match_transformers(scanned_pair):
   config, graphdef, params = scanned_pair
+  # One embedding LayerNorm for both towers (electra.share_embedding_norm); to_hf's generator gets it
+  # too, so the generator's outputs below can only match if ours runs through the shared one.
+  assert "embeddings_norm" in params["discriminator"] and "embeddings_norm" not in params["generator"]
   batch, out, gen_logits = _forward(config, graphdef, params, _batch(), jax.random.key(7))
   sums = out["sums"]
   models = _hf_models(config, params)
@@ -140,6 +143,19 @@ def test_replacements_come_from_masked_slots_and_labels_mark_changes(scanned_pai
   assert ((original[slots] == 7) & (labels[slots] == 0)).any()   # a sample equal to the original is no replacement
   assert (labels[slots] == 1).any()
   assert out["sums"]["replaced_sum"] == labels.sum()
+
+
+def test_runs_from_before_the_shared_embedding_norm_keep_one_per_tower():
+  """A config.json written before electra.share_embedding_norm reads as False: the two norms it saved."""
+  from mlm_jax import workdir
+  old = default_config().to_dict()
+  old["objective"] = "electra"
+  del old["electra"]["share_embedding_norm"]
+  config = workdir.migrate(ml_collections.ConfigDict(old))
+  assert config.electra.share_embedding_norm is False
+  config.model.update(_config().model.to_dict())
+  _, shapes = electra_pair.abstract_pair(config)
+  assert "embeddings_norm" in shapes["generator"] and "embeddings_norm" in shapes["discriminator"]
 
 
 def test_gumbel_max_samples_follow_the_softmax():

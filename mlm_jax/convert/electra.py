@@ -2,11 +2,13 @@
 `ElectraForMaskedLM`.
 
 `to_hf(workdir, out)` writes OUT/discriminator and OUT/generator, each a complete transformers folder
-(config.json, model.safetensors, tokenizer files); the shared embedding tables are written into both
-(transformers' two models each own a copy). The Transformer layers and embeddings use the BERT rows
+(config.json, model.safetensors, tokenizer files); the shared embedding tables, and the shared
+embedding LayerNorm (`electra.share_embedding_norm`), are written into both (transformers' two
+models each own a copy). The Transformer layers and embeddings use the BERT rows
 of hf.mapping under the `electra.` prefix; only the embedding projection and the two heads are
 ELECTRA's own. The other direction (`params_from_hf`) reads either folder back as one Encoder: the
-generator with its MLM head (fill_mask), the discriminator without (fine-tuning starts from it).
+generator with its MLM head (fill_mask), the discriminator without (fine-tuning starts from it);
+a tower read back owns its embedding LayerNorm, as any Encoder does.
 """
 from __future__ import annotations
 
@@ -94,6 +96,9 @@ def tower_flats(params, config: ml_collections.ConfigDict) -> dict[str, dict[str
       own = scan_layout.unscan_flat(own, cfg)
     for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
       if f"discriminator.{name}" in flat:
+        own[name] = flat[f"discriminator.{name}"]
+    for name in ("embeddings_norm.scale", "embeddings_norm.bias"):   # electra.share_embedding_norm
+      if name not in own and f"discriminator.{name}" in flat:
         own[name] = flat[f"discriminator.{name}"]
     if kind == DISCRIMINATOR:
       own.update({k: v for k, v in flat.items() if k.startswith("rtd_head.")})

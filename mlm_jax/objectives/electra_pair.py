@@ -6,8 +6,10 @@ The pair (`ElectraPair`) holds `discriminator` (an Encoder without MLM head, who
 token-type embeddings are the discriminator's nnx.Params, reused by the generator (one array in
 the state, under `discriminator.`; its gradient sums both towers), as in the paper: with
 `model.embedding_size` smaller than the hidden sizes, each tower projects them up with its own
-`embeddings_project` and the generator's MLM head projects back down to the tied decoder. Each tower
-keeps its own embedding LayerNorm (transformers' two models each carry one).
+`embeddings_project` and the generator's MLM head projects back down to the tied decoder. The
+embedding LayerNorm is shared too (`electra.share_embedding_norm`, the reference's choice: it sits in
+the same shared embedding scope), under `discriminator.`; runs from before that field keep one per
+tower. transformers' two models each carry one, so to_hf writes the shared one into both folders.
 
 Sampling noise is a counter-based hash (model.dropout_bits) seeded per example from the step key, so
 the replacements of example i depend only on (seed, step, i), never on the mesh or on gradient
@@ -73,7 +75,8 @@ class ElectraPair(nnx.Module):
     d_cfg = discriminator_config(config)
     self.discriminator = model_lib.Encoder(d_cfg, seed=seed)
     self.generator = model_lib.Encoder(generator_config(config), seed=seed + 7919,
-                                       shared_embeddings=self.discriminator)
+                                       shared_embeddings=self.discriminator,
+                                       share_embedding_norm=bool(config.electra.get("share_embedding_norm", False)))
     self.rtd_head = RTDHead(d_cfg, jax.random.fold_in(jax.random.key(seed), 0x47D), jnp.dtype(d_cfg.param_dtype))
 
 
