@@ -65,6 +65,21 @@ def configure(argv: list[str] | None = None) -> int:
   return v
 
 
+def choose_allocator() -> None:
+  """A binary's second statement, under `if __name__ == "__main__"`: on the CPU backend, re-execute
+  under mimalloc (allocator.py says why); returns where it does not."""
+  from mlm_jax import allocator
+  from mlm_jax.errors import UserError
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  cpu = platforms.split(",")[0] == "cpu" if platforms else not accelerator_present()
+  try:
+    allocator.requested()
+  except UserError as e:   # before absl runs, so no runtime.run to catch it
+    report_user_error(e)
+    sys.exit(2)
+  allocator.use_mimalloc(cpu)
+
+
 def quiet() -> bool:
   return configure() < 1
 
@@ -110,39 +125,44 @@ def _hide_gpus(tf):
   return tf
 
 
-def keep_freed_memory() -> bool:
-  """On the CPU backend, let glibc keep the memory XLA frees instead of handing it back to the OS.
+def memory_policy() -> str:
+  """The CPU allocator policy this process runs with: 'mimalloc', 'glibc-keep' or 'system'.
 
-  XLA:CPU allocates a step's temporaries afresh every step, from its worker threads. glibc serves
-  those threads from arenas of their own and gives what they free back to the OS, so every step
-  page-faulted its scratch in again: 200k minor faults (~0.8 GB) per mini BERT step on a 2-core
-  VM, 15-20% of the step. With one arena (the main heap), no mmap for large blocks and no trimming,
-  that memory stays mapped for the next step; the price is resident memory at its high-water mark
-  plus fragmentation (peak RSS 2.2-4.5 GB instead of 1.6 GB for that step).
+  mimalloc was chosen at start by `allocator.use_mimalloc` (see allocator.py for the measurements).
+  Without it (MLM_JAX_MALLOC=glibc, or the library missing), glibc is told to keep the memory XLA
+  frees: one arena (the main heap), no mmap for large blocks, no trimming. That removes the ~200k
+  page faults per mini step of glibc's defaults, at the price of a heap that fragments (peaks that
+  vary up to 2x from run to run). MLM_JAX_MALLOC=system leaves glibc as it comes.
 
-  Call it before anything starts the JAX backend: a thread keeps the arena it first allocated from.
-  It starts the backend itself to learn the platform and, on accelerators, puts glibc's arena limit
-  back. Skipped without glibc and when MLM_JAX_KEEP_FREED_MEMORY=0. Equivalent at process start:
+  Call it before anything starts the JAX backend: a thread keeps the glibc arena it first allocated
+  from. It starts the backend itself to learn the platform and, on accelerators, puts glibc's arena
+  limit back. Equivalent at process start:
   GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=<huge>.
   """
   import jax
   from absl import logging
-  if os.environ.get("MLM_JAX_KEEP_FREED_MEMORY", "1") == "0":
-    return False
+  from mlm_jax import allocator
+  if allocator.active() == "mimalloc":
+    logging.info("CPU allocator: mimalloc, purge delay %s ms (%s=glibc|system to change)",
+                 os.environ.get("MIMALLOC_PURGE_DELAY", "default"), allocator.ENV)
+    return "mimalloc"
+  if allocator.requested() == "system":
+    return "system"
   try:
     libc = ctypes.CDLL("libc.so.6")
   except OSError:
-    return False
+    return "system"
   m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8   # mallopt parameters, from glibc's <malloc.h>
   if not libc.mallopt(m_arena_max, 1):
-    return False
+    return "system"
   if jax.default_backend() != "cpu":
     libc.mallopt(m_arena_max, 8 * (os.cpu_count() or 1))   # glibc's default limit on 64-bit hosts
-    return False
-  kept = bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, -1))   # -1: never trim
-  if kept:
-    logging.info("CPU backend: freed memory is kept for reuse (MLM_JAX_KEEP_FREED_MEMORY=0 turns this off)")
-  return kept
+    return "system"
+  if not (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, -1)):   # -1: never trim
+    return "system"
+  logging.info("CPU allocator: glibc keeping freed memory (one arena, no mmap, no trim; %s=system "
+               "turns it off)", allocator.ENV)
+  return "glibc-keep"
 
 
 def setup_logging() -> None:
@@ -205,7 +225,7 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
 def start(**distributed) -> None:
   """What a training binary does first inside main: distributed init, memory policy, logging."""
   initialize_distributed(**distributed)
-  keep_freed_memory()   # before setup_logging: that starts the backend
+  memory_policy()   # before setup_logging: that starts the backend
   setup_logging()
 
 

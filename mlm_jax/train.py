@@ -12,6 +12,8 @@ from __future__ import annotations
 from mlm_jax import runtime
 
 runtime.configure()   # before jax and tensorflow are imported: platform and log levels
+if __name__ == "__main__":
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
 
 
 from absl import app, flags, logging  # noqa: E402

@@ -8,9 +8,11 @@ from subproc import REPO, cpu_env
 # A jitted function whose two 64 MiB temporaries XLA allocates from its worker threads on every
 # call (cheap: 4 GFLOP): the page faults per call show whether that memory went back to the OS.
 _PROBE = """
-import resource
+import os, resource
 from mlm_jax import runtime
-kept = runtime.keep_freed_memory()
+runtime.configure()
+runtime.choose_allocator()                 # may re-execute this very program under mimalloc
+policy = runtime.memory_policy()
 import jax, jax.numpy as jnp
 
 @jax.jit
@@ -24,24 +26,40 @@ for _ in range(3):
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):
   f(a, b).block_until_ready()
-print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+print(policy, os.getpid(), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
-def _probe(keep: str):
-  env = dict(cpu_env(1), MLM_JAX_KEEP_FREED_MEMORY=keep)
-  out = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  kept, faults = out.stdout.split()[-2:]
-  return kept == "True", float(faults)
+def _probe(**env):
+  p = subprocess.Popen([sys.executable, "-c", _PROBE], env=dict(cpu_env(1), **env), cwd=REPO,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  out, err = p.communicate(timeout=300)
+  assert p.returncode == 0, err[-2000:]
+  policy, pid, faults = out.split()[-3:]
+  assert int(pid) == p.pid          # a re-execution keeps the process (a supervisor's kill still reaches it)
+  return policy, float(faults)
 
 
-def test_keep_freed_memory_stops_xla_scratch_refaulting_and_can_be_turned_off():
-  kept, faults_kept = _probe("1")
-  off, faults_off = _probe("0")
-  assert kept and not off
-  # Without it each call faults its 128 MiB of temporaries in again: 32768 pages of 4 KiB each.
+def test_cpu_allocator_policies_stop_xla_scratch_refaulting_and_can_be_turned_off():
+  """mimalloc by default (a re-execution with it preloaded), glibc keeping freed memory on request,
+  and glibc as it comes; the first two must not fault a call's temporaries in again."""
+  policy, faults_mi = _probe()
+  assert policy == "mimalloc"
+  policy, faults_kept = _probe(MLM_JAX_MALLOC="glibc")
+  assert policy == "glibc-keep"
+  policy, faults_off = _probe(MLM_JAX_MALLOC="system")
+  assert policy == "system"
+  assert _probe(MLM_JAX_KEEP_FREED_MEMORY="0")[0] == "system"   # the switch before round 3 still works
+  # Without them each call faults its 128 MiB of temporaries in again: 32768 pages of 4 KiB each.
   if faults_off < 2000:
     pytest.skip(f"{faults_off:.0f} faults per call without it: this OS backs the memory with huge pages")
   assert faults_kept < 0.5 * faults_off, (faults_kept, faults_off)
+  assert faults_mi < 0.5 * faults_off, (faults_mi, faults_off)
+
+
+def test_an_unknown_allocator_is_one_line():
+  p = subprocess.run([sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py"], cwd=REPO,
+                     env=dict(cpu_env(1), MLM_JAX_MALLOC="tcmalloc"), capture_output=True, text=True, timeout=120)
+  assert p.returncode != 0
+  assert p.stderr.strip().splitlines()[-1] == ("error: MLM_JAX_MALLOC='tcmalloc': expected one of mimalloc, "
+                                                "glibc, system"), p.stderr[-2000:]

@@ -9,8 +9,12 @@
 `train` runs the real train step (masking, sparse MLM loss, AdamW; dropout 0.1 like the peers in
 ../shared/bench) on random token batches and reports tokens/s, compile time, peak RSS, model FLOPs
 per token, achieved TFLOP/s, the machine's measured matmul peak and MFU, and the minor page faults
-per step (near 0 when `runtime.keep_freed_memory` works; ~200k for mini when XLA's scratch is handed
-back to the OS every step). Compare with peers only when measured side by side on the same machine.
+per step (near 0 under mimalloc or glibc-keep, see mlm_jax/allocator.py; ~200k for mini when XLA's
+scratch is handed back to the OS every step). Memory: `peak_rss_mb` is the whole process's peak (what
+the peers in ../shared/bench report), `compile_peak_rss_mb` the peak up to the end of compilation and
+`step_peak_rss_mb` the peak from the first step on (VmHWM reset through /proc/self/clear_refs).
+`--repeat=N` runs the same command N times in fresh processes and reports each run and the spread.
+Compare with peers only when measured side by side on the same machine.
 """
 import argparse
 import json
@@ -22,6 +26,8 @@ import time
 from mlm_jax import runtime
 
 runtime.configure()   # before jax and tensorflow are imported
+if __name__ == "__main__":
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
 
 from mlm_jax.presets import SIZES as PRESETS  # noqa: E402
 
@@ -43,6 +49,8 @@ def _parse(argv) -> argparse.Namespace:
   p.add_argument("--attention_impl", default="auto", help="auto | xla | splash | cudnn (model.attention_impl)")
   p.add_argument("--scan_layers", action="store_true", help="model.scan_layers: one lax.scan over the layers")
   p.add_argument("--remat", default="none", help="none | full | dots (model.remat)")
+  p.add_argument("--repeat", type=int, default=1,
+                 help="run N times, each in a fresh process; report every run, the medians and the spread")
   p.add_argument("--max_predictions", type=int, default=0,
                  help="prediction slots per sequence; 0 = masking.max_predictions' rule for the platform")
   return p.parse_args(argv)
@@ -93,6 +101,7 @@ def _timed_steps(c, mesh, batches, args) -> dict:
   key = jax.random.key(0)
   compiled = tr.train_step.lower(state, batches[0], key).compile()
   compile_s = time.perf_counter() - t0
+  compile_peak = _reset_peak_rss()
   for i in range(args.warmup):
     state, m = compiled(state, batches[i % 4], key)
   jax.block_until_ready(state)
@@ -106,16 +115,61 @@ def _timed_steps(c, mesh, batches, args) -> dict:
     times.append(time.perf_counter() - t)
   total = time.perf_counter() - t_all
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
-  return dict(compile_s=compile_s, times=times, total=total, faults=faults,
+  return dict(compile_s=compile_s, times=times, total=total, faults=faults, compile_peak=compile_peak,
+              step_peak=_peak_rss_mb(),
               loss=float(m["loss_sum"] / m["num_predictions"]))
+
+
+def _peak_rss_mb() -> float:
+  """VmHWM: the peak resident set since start or the last reset (ru_maxrss is reset with it)."""
+  with open("/proc/self/status") as f:
+    return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024
+
+
+def _reset_peak_rss() -> float:
+  """The peak so far; then restart VmHWM from the current RSS (Linux >= 4.0)."""
+  peak = _peak_rss_mb()
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+  return peak
+
+
+def _repeat(argv, n: int) -> None:
+  """The same command n times in fresh processes (peak RSS is per process); one JSON line per run
+  on stderr, then the summary."""
+  import subprocess
+  rest = list(argv)
+  i = next(k for k, a in enumerate(rest) if a.startswith("--repeat"))
+  del rest[i:i + (1 if "=" in rest[i] else 2)]
+  runs = []
+  for i in range(n):
+    out = subprocess.run([sys.executable, __file__, "train", *rest], stdout=subprocess.PIPE, text=True)
+    if out.returncode:
+      sys.exit(f"benchmark run {i + 1} of {n} failed with exit code {out.returncode}")
+    runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if not any(a.startswith("--peak_gflops") for a in rest):   # measure the matmul peak once
+      rest.append(f"--peak_gflops={runs[0]['peak_tflops'] * 1e3}")
+    print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+  summary = dict(runs[0], runs=[{k: r[k] for k in _PER_RUN} for r in runs], repeat=n)
+  for k in _PER_RUN:
+    values = [r[k] for r in runs]
+    med = statistics.median(values)
+    summary[k] = med
+    summary[k + "_spread"] = (max(values) - min(values)) / med if med else 0.0
+  print(json.dumps(summary))
+
+
+_PER_RUN = ("tokens_per_sec", "peak_rss_mb", "step_peak_rss_mb", "compile_peak_rss_mb", "page_faults_per_step")
 
 
 def train_main(argv):
   args = _parse(argv)
+  if args.repeat > 1:
+    return _repeat(argv, args.repeat)
   import jax
   from mlm_jax import flops, masking, sharding
 
-  kept = runtime.keep_freed_memory()   # as the training binary does on CPU
+  allocator = runtime.memory_policy()   # as the training binary does on CPU
   devices = jax.devices()[:args.devices]
   c, impl_reason = _config(args, devices[0].platform)
   mesh = sharding.make_mesh(c.mesh, devices)
@@ -132,11 +186,12 @@ def train_main(argv):
       remat=args.remat,
       tokens_per_sec=tokens_per_sec, steps_per_sec=args.steps / total,
       step_time_median_s=statistics.median(times), step_time_min_s=min(times), compile_s=r["compile_s"],
-      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      peak_rss_mb=max(r["compile_peak"], r["step_peak"]), compile_peak_rss_mb=r["compile_peak"],
+      step_peak_rss_mb=r["step_peak"],
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
       mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=r["loss"],
-      keep_freed_memory=kept, page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
+      allocator=allocator, page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
   )
   print(json.dumps(result))
 

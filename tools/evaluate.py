@@ -24,6 +24,8 @@ import sys
 from mlm_jax import runtime
 
 runtime.configure()   # before jax and tensorflow are imported
+if __name__ == "__main__":
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
 
 
 def _parser():
