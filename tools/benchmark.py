@@ -134,21 +134,21 @@ def _reset_peak_rss() -> float:
   return peak
 
 
-def _repeat(argv, n: int) -> None:
-  """The same command n times in fresh processes (peak RSS is per process); one JSON line per run
-  on stderr, then the summary."""
+def _repeat(argv, args) -> None:
+  """The same command args.repeat times in fresh processes (peak RSS is per process); one JSON line
+  per run on stderr, then the summary."""
   import subprocess
-  rest = list(argv)
-  i = next(k for k, a in enumerate(rest) if a.startswith("--repeat"))
-  del rest[i:i + (1 if "=" in rest[i] else 2)]
-  runs = []
-  for i in range(n):
-    out = subprocess.run([sys.executable, __file__, "train", *rest], stdout=subprocess.PIPE, text=True)
+  n = args.repeat
+  cmd = [sys.executable, __file__, "train", *argv, "--repeat=1"]   # the last value given wins
+  runs, peak_given = [], bool(args.peak_gflops)
+  for k in range(n):
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if out.returncode:
-      sys.exit(f"benchmark run {i + 1} of {n} failed with exit code {out.returncode}")
+      sys.exit(f"benchmark run {k + 1} of {n} failed with exit code {out.returncode}")
     runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    if not any(a.startswith("--peak_gflops") for a in rest):   # measure the matmul peak once
-      rest.append(f"--peak_gflops={runs[0]['peak_tflops'] * 1e3}")
+    if not peak_given:   # measure the matmul peak once
+      cmd.append(f"--peak_gflops={runs[0]['peak_tflops'] * 1e3}")
+      peak_given = True
     print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
   summary = dict(runs[0], runs=[{k: r[k] for k in _PER_RUN} for r in runs], repeat=n)
   for k in _PER_RUN:
@@ -165,7 +165,7 @@ _PER_RUN = ("tokens_per_sec", "peak_rss_mb", "step_peak_rss_mb", "compile_peak_r
 def train_main(argv):
   args = _parse(argv)
   if args.repeat > 1:
-    return _repeat(argv, args.repeat)
+    return _repeat(argv, args)
   import jax
   from mlm_jax import flops, masking, sharding
 
