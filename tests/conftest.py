@@ -56,3 +56,16 @@ def corpus_and_tokenizer(tmp_path_factory):
   path = demo_corpus.write(str(root / "corpus"), max_bytes=600_000)
   tok = tokenizer_train.train([path], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
   return path, tok.model_path
+
+
+# Files that run the binaries for minutes go first: under the README's `-n 2 --dist loadfile` each
+# file stays on one worker (its module fixtures built once), and a long file started last would
+# leave the other worker idle at the end.
+SLOW_FIRST = ("test_train.py", "test_finetune_pretrained.py", "test_multihost.py", "test_fill_mask.py",
+              "test_sentence_pairs.py", "test_console.py", "test_step.py", "test_finetune.py",
+              "test_store_train.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a file's own order is kept
