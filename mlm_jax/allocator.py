@@ -16,8 +16,10 @@ its worker threads. What each allocator does with them, measured with `tools/ben
   returning it to the OS. 100 ms outlives the gap between a block's free and its reuse within a
   step, so the fault count stays near zero, while memory XLA stops using (the compiler's, a
   finished step's) goes back: peaks within ~5% of plain glibc's, steady from run to run (1-3%),
-  at the kept heap's speed at mini and small; at base the 4 KiB purges cost ~8% (MIMALLOC_ALLOW_THP=1:
-  that speed back, 250 MB more).
+  at the kept heap's speed at mini and small; ~8% slower at base, where it still touches fresh pages
+  every step (43-72k faults whatever the purge delay, even with purging off: no delay buys that
+  back; MIMALLOC_ALLOW_THP=1 cuts them to a third for 250 MB more, 1.05x in one session and no
+  faster in the next).
 
 An allocator is chosen when the process starts (the C library's malloc is bound at load time),
 so `use_mimalloc()` re-executes the program with the library in LD_PRELOAD. Binaries call

@@ -22,16 +22,26 @@ NOISE = {
 HOST_DEPENDENT = ("cuInit", "oneDNN")
 
 
-def _demo(workdir, *extra):
+def _demo(workdir, *extra) -> tuple:
+  """Starts the demo binary; (the process, the file its stderr goes to)."""
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS",
                                                             "TF_ENABLE_ONEDNN_OPTS")}
   cmd = [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
          "--config.tokenizer.vocab_size=1000", "--config.train.steps=2", "--config.train.log_every=1",
          "--config.train.eval_every=2", "--config.train.eval_batches=1", "--config.train.peak_tflops_per_device=0.1",
          *extra]
-  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return out.stderr
+  path = f"{workdir}.stderr"
+  with open(path, "w") as err:   # a file, not a pipe: --verbosity=1 writes megabytes
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err), path
+
+
+def _stderr(run: tuple) -> str:
+  proc, path = run
+  proc.wait(timeout=600)
+  with open(path) as f:
+    err = f.read()
+  assert proc.returncode == 0, err[-3000:]
+  return err
 
 
 def _found(stderr: str) -> dict:
@@ -43,7 +53,9 @@ def _found(stderr: str) -> dict:
 def test_demo_console_is_quiet_and_verbosity_1_shows_everything(tmp_path):
   if importlib.util.find_spec("libtpu") is None and os.environ.get("CI", "").lower() != "true":
     pytest.skip("libtpu is not installed (pip install -e '.[tpu]')")
-  quiet = _demo(tmp_path / "quiet")
+  # Both runs at once: much of each is single-threaded (imports, writing the corpus, tracing).
+  quiet_run, loud_run = _demo(tmp_path / "quiet"), _demo(tmp_path / "loud", "--verbosity=1")
+  quiet, loud = _stderr(quiet_run), _stderr(loud_run)
   assert "step 1/2  loss" in quiet and "step 2  eval loss" in quiet, quiet[-2000:]
   assert "[tokenizer] trained in" in quiet
   assert "CPU allocator: mimalloc" in quiet   # the binary re-executed itself with it (mlm_jax/allocator.py)
@@ -51,7 +63,6 @@ def test_demo_console_is_quiet_and_verbosity_1_shows_everything(tmp_path):
   assert "INVALID_ARGUMENT" not in quiet and "W0000" not in quiet and "E0000" not in quiet
   assert (tmp_path / "quiet" / "tokenizer" / "spm.train.log").read_text().count("trainer_interface.cc") > 10
 
-  loud = _demo(tmp_path / "loud", "--verbosity=1")
   assert "step 2  eval loss" in loud
   missing = [name for name, lines in _found(loud).items() if not lines and name not in HOST_DEPENDENT]
   assert not missing, f"--verbosity=1 hides {missing}"
