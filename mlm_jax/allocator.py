@@ -15,11 +15,11 @@ its worker threads. What each allocator does with them, measured with `tools/ben
   blocks by size per thread and keeps a freed region mapped for `MIMALLOC_PURGE_DELAY` ms before
   returning it to the OS. 100 ms outlives the gap between a block's free and its reuse within a
   step, so the fault count stays near zero, while memory XLA stops using (the compiler's, a
-  finished step's) goes back: peaks within ~5% of plain glibc's, steady from run to run (1-3%),
-  at the kept heap's speed at mini and small; ~8% slower at base, where it still touches fresh pages
-  every step (43-72k faults whatever the purge delay, even with purging off: no delay buys that
-  back; MIMALLOC_ALLOW_THP=1 cuts them to a third for 250 MB more, 1.05x in one session and no
-  faster in the next).
+  finished step's) goes back: peaks far below the kept heap's and steady from run to run (1-3%),
+  at its speed. Transparent huge pages stay allowed (mimalloc's default): turned off
+  (MIMALLOC_ALLOW_THP=0, 4 KiB purges) base peaks 250 MB lower (3.4 instead of 3.65 GB), but mimalloc
+  then faults fresh 4 KiB pages every step (43-95k, whatever the purge delay, even with purging
+  off) and runs ~12% slower at mini and ~8% at base; with them the faults drop to ~7k at mini.
 
 An allocator is chosen when the process starts (the C library's malloc is bound at load time),
 so `use_mimalloc()` re-executes the program with the library in LD_PRELOAD. Binaries call
@@ -34,9 +34,8 @@ import sys
 
 ENV = "MLM_JAX_MALLOC"          # mimalloc (default) | glibc | system
 ACTIVE = "MLM_JAX_MALLOC_ACTIVE"   # set by the re-exec; also stops a second one
-# Purge what is unused after 100 ms, in 4 KiB pages rather than whole 2 MiB huge pages (with
-# transparent huge pages a granule stays resident until all of it is free: +250 MB at base).
-SETTINGS = {"MIMALLOC_PURGE_DELAY": "100", "MIMALLOC_ALLOW_THP": "0"}
+# Purge what is unused after 100 ms (transparent huge pages allowed: see above).
+SETTINGS = {"MIMALLOC_PURGE_DELAY": "100"}
 CHOICES = ("mimalloc", "glibc", "system")
 
 
