@@ -14,6 +14,7 @@ layout). What a workdir holds besides checkpoints (config.json, tokenizer) is re
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -30,6 +31,7 @@ def _handlers() -> dict:
   return dict(state=ocp.StandardCheckpointHandler(), data=ocp.JsonCheckpointHandler())
 
 
+@functools.cache   # once per process: the handler is orbax's global one
 def _whole_shards_in_one_process() -> None:
   """In one process, one replica writes each array (orbax's replica-parallel saving off).
 
@@ -39,7 +41,7 @@ def _whole_shards_in_one_process() -> None:
   8 CPU devices; far more for BERT-base on a TPU host. The files are the same kind either way (the
   array metadata store is kept), and restoring does not depend on it. Multi-process runs keep
   orbax's default. The handler is orbax's global one for jax.Array: this is process-wide, as the
-  condition is."""
+  condition is (the first Checkpointer comes after jax.distributed is initialized)."""
   if jax.process_count() != 1:
     return
   from orbax.checkpoint._src.metadata import array_metadata_store   # where orbax 0.12 keeps it
