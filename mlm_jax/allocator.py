@@ -1,6 +1,6 @@
 """Which malloc a CPU training process runs under, chosen before anything large is imported.
 
-XLA:CPU allocates a step's temporaries afresh every step (1.25 GB for BERT-base at batch 8), from
+XLA:CPU allocates a step's temporaries afresh every step (1.0 GB for BERT-base at batch 8), from
 its worker threads. What each allocator does with them, measured with `tools/benchmark.py train
 --repeat=5` on a 2-core VM (figures in docs/performance.md):
 

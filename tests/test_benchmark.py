@@ -21,6 +21,7 @@ def test_train_benchmark_prints_its_json_line():
             "compile_peak_rss_mb", "peak_rss_mb_spread", "tokens_per_sec_spread"):
     assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])
   assert r["tokens_per_sec"] > 0 and r["allocator"] == "mimalloc"
+  assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in r["xla_flags"]   # runtime.CPU_XLA_FLAGS
   runs = r["runs"]
   assert r["repeat"] == len(runs) == 2
   for run in runs:   # the process's peak is that of compiling or of the steps, measured apart

@@ -1,4 +1,5 @@
 """The runtime tuning the binaries share (mlm_jax/runtime.py)."""
+import json
 import subprocess
 import sys
 
@@ -66,3 +67,39 @@ def test_an_unknown_allocator_is_one_line():
   assert p.returncode != 0
   assert p.stderr.strip().splitlines()[-1] == ("error: MLM_JAX_MALLOC='tcmalloc': expected one of mimalloc, "
                                                 "glibc, system"), p.stderr[-2000:]
+
+
+# The real train step of a 4-layer model (tools/benchmark.py's), compiled after runtime.configure().
+_SCHEDULE_PROBE = """
+import json, os, sys
+sys.path.insert(0, "tools")
+from mlm_jax import runtime
+runtime.configure()
+import jax, benchmark
+from mlm_jax import sharding, step
+args = benchmark._parse(["--model=mini", "--batch=8", "--seq_len=64", "--vocab=1000"])
+c = benchmark._config(args, "cpu")[0]
+tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+compiled = tr.train_step.lower(jax.eval_shape(tr.init), benchmark._batches(args)[0], jax.random.key(0)).compile()
+print(json.dumps([os.environ["XLA_FLAGS"], compiled.memory_analysis().temp_size_in_bytes]))
+"""
+
+
+def test_cpu_steps_are_scheduled_for_memory_unless_the_user_says_otherwise():
+  """runtime.configure() turns XLA:CPU's concurrency-first scheduler off (runtime.CPU_XLA_FLAGS): the
+  compiled step needs fewer temporaries than with it, and an XLA_FLAGS that names the flag is kept."""
+  user = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+  envs = [dict(cpu_env(1), JAX_ENABLE_COMPILATION_CACHE="false"),
+          dict(cpu_env(1), JAX_ENABLE_COMPILATION_CACHE="false", XLA_FLAGS=user)]
+  procs = [subprocess.Popen([sys.executable, "-c", _SCHEDULE_PROBE], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for env in envs]
+  (ours_flags, ours), (user_flags, theirs) = [json.loads(_last_line(p)) for p in procs]
+  assert ours_flags == "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+  assert user_flags == user
+  assert ours < 0.95 * theirs, (ours, theirs)
+
+
+def _last_line(p: subprocess.Popen) -> str:
+  out, err = p.communicate(timeout=300)
+  assert p.returncode == 0, err[-2000:]
+  return out.strip().splitlines()[-1]

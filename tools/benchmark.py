@@ -10,14 +10,16 @@
 ../shared/bench) on random token batches and reports tokens/s, compile time, peak RSS, model FLOPs
 per token, achieved TFLOP/s, the machine's measured matmul peak and MFU, and the minor page faults
 per step (near 0 under mimalloc or glibc-keep, see mlm_jax/allocator.py; ~200k for mini when XLA's
-scratch is handed back to the OS every step). Memory: `peak_rss_mb` is the whole process's peak (what
-the peers in ../shared/bench report), `compile_peak_rss_mb` the peak up to the end of compilation and
-`step_peak_rss_mb` the peak from the first step on (VmHWM reset through /proc/self/clear_refs).
+scratch is handed back to the OS every step), and the XLA_FLAGS it ran with (runtime.CPU_XLA_FLAGS).
+Memory: `peak_rss_mb` is the whole process's peak (what the peers in ../shared/bench report),
+`compile_peak_rss_mb` the peak up to the end of compilation and `step_peak_rss_mb` the peak from the
+first step on (VmHWM reset through /proc/self/clear_refs).
 `--repeat=N` runs the same command N times in fresh processes and reports each run and the spread.
 Compare with peers only when measured side by side on the same machine.
 """
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -191,7 +193,8 @@ def train_main(argv):
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
       mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=r["loss"],
-      allocator=allocator, page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
+      allocator=allocator, xla_flags=os.environ.get("XLA_FLAGS", ""),
+      page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
   )
   print(json.dumps(result))
 
