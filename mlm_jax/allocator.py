@@ -17,9 +17,10 @@ its worker threads. What each allocator does with them, measured with `tools/ben
   step, so the fault count stays near zero, while memory XLA stops using (the compiler's, a
   finished step's) goes back: peaks far below the kept heap's and steady from run to run (1-3%),
   at its speed. Transparent huge pages stay allowed (mimalloc's default): turned off
-  (MIMALLOC_ALLOW_THP=0, 4 KiB purges) base peaks 250 MB lower (3.4 instead of 3.65 GB), but mimalloc
-  then faults fresh 4 KiB pages every step (43-95k, whatever the purge delay, even with purging
-  off) and runs ~12% slower at mini and ~8% at base; with them the faults drop to ~7k at mini.
+  (MIMALLOC_ALLOW_THP=0, 4 KiB purges) base peaked 250 MB lower (3.4 instead of 3.65 GB, before
+  runtime.CPU_XLA_FLAGS), but mimalloc then faults fresh 4 KiB pages every step (43-95k, whatever
+  the purge delay, even with purging off) and runs ~12% slower at mini and ~8% at base; with them
+  the faults drop to ~7k at mini.
 
 An allocator is chosen when the process starts (the C library's malloc is bound at load time),
 so `use_mimalloc()` re-executes the program with the library in LD_PRELOAD. Binaries call
