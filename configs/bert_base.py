@@ -13,8 +13,8 @@ vocab 30522 (WordPiece there; a sentencepiece model with the BERT special layout
 prediction only (no NSP). Runtime: ~4 days on 16 TPUv3 chips in the paper.
 Expected: held-out MLM accuracy around 0.7 on English Wikipedia+books-like text.
 """
-from mlm_jax import presets
-from mlm_jax.defaults import default_config
+from mlm_jax.config import sizes as presets
+from mlm_jax.config.defaults import default_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ metrics in WORKDIR/metrics.jsonl and WORKDIR/tensorboard.
 Recipe: RoBERTa (Liu et al., 2019, arXiv:1907.11692) dynamic masking, shrunk to 2 layers x 128
 hidden on 64-token sequences, without dropout (a short run on little data).
 """
-from mlm_jax.defaults import default_config
+from mlm_jax.config.defaults import default_config
 
 
 def get_config():

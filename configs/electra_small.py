@@ -35,7 +35,7 @@ round 3 measured on the same sentences at 520 steps: generator MLM loss 6.41, di
 import importlib.util
 import os
 
-from mlm_jax.defaults import default_config
+from mlm_jax.config.defaults import default_config
 
 SIZES = ("small", "demo")
 

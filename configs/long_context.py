@@ -15,7 +15,7 @@ ModernBERT trains at 1024 tokens first and extends the context to 8192; this con
 second phase (start it with --config.init_from=a workdir of the same model at seq 1024).
 Runtime and MLM accuracy: not measured here (no TPU at hand); the AOT tool shows memory and fit.
 """
-from mlm_jax.defaults import default_config
+from mlm_jax.config.defaults import default_config
 
 
 def get_config():

@@ -27,7 +27,7 @@ keeps the post-LN XLM-R layout so that the result converts to transformers' XLMR
 Differences: one learning-rate schedule across the phases (mmBERT re-warms and decays per phase), no
 model merging.
 """
-from mlm_jax.defaults import default_config
+from mlm_jax.config.defaults import default_config
 
 # name -> spec, relative to ../shared/data (the store names its sources by these names).
 SOURCES = (
@@ -70,7 +70,7 @@ def get_config(size="base"):
     c.train.update(dict(steps=steps, batch_size=32, log_every=10, eval_every=100, eval_batches=120,
                         eval_at_start=True, save_every=100))
   else:
-    from mlm_jax import presets
+    from mlm_jax.config import sizes as presets
     c.data.seq_len = 1024
     c.model.update(presets.size(size))
     c.model.update(dict(vocab_size=0, max_position_embeddings=1026, type_vocab_size=1, position_offset=2,

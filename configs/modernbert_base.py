@@ -25,7 +25,7 @@ after layer 0 (7 groups), which is unrolled because it has no attention norm.
 
 Recipe: 30% masking (80-10-10), packed documents that do not attend to each other, StableAdamW with
 betas (0.9, 0.98), eps 1e-6, decoupled weight decay 1e-5, no gradient clipping. Here StableAdamW is
-its nearest optax equivalent (mlm_jax/optim.py, optimizer.update_clip_rms=1.0), not the same rule.
+its nearest optax equivalent (mlm_jax/training/optim.py, optimizer.update_clip_rms=1.0), not the same rule.
 The learning rate is trapezoidal, i.e. warmup-stable-decay across the two phases:
 - pretrain: 1.7T tokens at sequence 1024, batch 4608 (4.7M tokens, 360k steps), global and local
   RoPE theta 10k, learning rate 8e-4 after a 3B-token warmup (636 steps), then constant (no decay).
@@ -39,7 +39,7 @@ and scientific text) and tokenizer (OLMo's BPE; a sentencepiece BPE of the same 
 Runtime: not measured here (no accelerator at hand). Expected: GLUE average 88.4 after fine-tuning
 (the paper's Table 1); the paper reports no held-out MLM accuracy.
 """
-from mlm_jax.defaults import default_config
+from mlm_jax.config.defaults import default_config
 
 TOKENS_PER_BATCH = 4608 * 1024
 

@@ -11,8 +11,8 @@ dynamic masking, Adam peak lr 6e-4, beta2 0.98, eps 1e-6, weight decay 0.01, 24k
 decay, dropout 0.1, no NSP, vocab 50265 (byte-level BPE there; sentencepiece BPE here).
 Runtime: ~1 day on 1024 V100s in the paper. Expected: held-out MLM perplexity ~3.7 (paper, on its data).
 """
-from mlm_jax import presets
-from mlm_jax.defaults import default_config
+from mlm_jax.config import sizes as presets
+from mlm_jax.config.defaults import default_config
 
 
 def get_config():

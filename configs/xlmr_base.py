@@ -15,8 +15,8 @@ weight decay 0.01, linear warmup then linear decay. The paper does not state the
 RoBERTa's values are used here: 6e-4 (base), 4e-4 (large). Runtime: weeks on 500 V100s in the paper.
 Expected: held-out MLM accuracy ~0.6 (base) / ~0.65 (large) averaged over languages on CC-100-like text.
 """
-from mlm_jax import presets
-from mlm_jax.defaults import default_config
+from mlm_jax.config import sizes as presets
+from mlm_jax.config.defaults import default_config
 
 
 def get_config(size="base"):

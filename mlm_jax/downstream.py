@@ -6,7 +6,7 @@ folder) on every task in ../shared/data/downstream with the budgets of configs/f
 standard metric, mean ± std over seeds, the average over tasks, and zero-shot cross-lingual columns
 (fine-tuned on English, scored in every other language the task has). OUT/downstream.json holds the
 same, OUT/TASK/seedN the runs; a re-run skips what is finished. The tasks, splits and model
-selection: mlm_jax/tasks/suite.py; the table: mlm_jax/tasks/suite_report.py.
+selection: mlm_jax/finetuning/suite.py; the table: mlm_jax/finetuning/suite_report.py.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from absl import app, flags  # noqa: E402
 
 from mlm_jax import finetune  # noqa: E402  (its --init_from and --workdir are this binary's too)
 from mlm_jax.errors import ConfigError  # noqa: E402
-from mlm_jax.tasks import suite  # noqa: E402
+from mlm_jax.finetuning import suite  # noqa: E402
 
 FLAGS = flags.FLAGS
 _FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed.")

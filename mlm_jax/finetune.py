@@ -2,7 +2,7 @@
 
 Pretrain once, fine-tune many times: SRC is a pretraining workdir (its latest checkpoint, config.json
 and tokenizer), a `tools/convert_checkpoint.py from_hf` folder, or a transformers folder (converted
-once into DIR/init_model by the same converter; resolve.py). A task head (mlm_jax/heads.py) goes on
+once into DIR/init_model by the same converter; resolve.py). A task head (mlm_jax/finetuning/heads.py) goes on
 the encoder, and the labeled files of `config.task` (mlm_jax/tasks/) are tokenized with the model's
 own tokenizer (sentencepiece, WordPiece or byte-level BPE).
 
@@ -32,9 +32,11 @@ import numpy as np  # noqa: E402
 import ml_collections  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
-from mlm_jax import flops, heads, loop as loop_lib, resolve, sharding, step as step_lib  # noqa: E402
-from mlm_jax import workdir as workdir_lib  # noqa: E402
+from mlm_jax.workdir import checkpoints as ckpt_lib  # noqa: E402
+from mlm_jax.model import flops, sharding
+from mlm_jax.finetuning import heads
+from mlm_jax.training import loop as loop_lib, resolve, trainer as step_lib  # noqa: E402
+from mlm_jax.workdir import files as workdir_lib  # noqa: E402
 from mlm_jax.tasks import task as task_lib  # noqa: E402
 from mlm_jax.tasks.features import pad_rows  # noqa: E402
 

@@ -23,10 +23,12 @@ import numpy as np  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 import ml_collections  # noqa: E402
 
-from mlm_jax import checkpoint as ckpt_lib  # noqa: E402
-from mlm_jax import flops, loop as loop_lib, masking, resolve, sharding, step as step_lib  # noqa: E402
-from mlm_jax import probe as probe_lib  # noqa: E402
-from mlm_jax import workdir as workdir_lib  # noqa: E402
+from mlm_jax.workdir import checkpoints as ckpt_lib  # noqa: E402
+from mlm_jax.model import flops, sharding
+from mlm_jax.training import loop as loop_lib, resolve, trainer as step_lib
+from mlm_jax.objectives import masking  # noqa: E402
+from mlm_jax.evaluation import probe as probe_lib  # noqa: E402
+from mlm_jax.workdir import files as workdir_lib  # noqa: E402
 from mlm_jax.objectives import registry  # noqa: E402
 from mlm_jax.errors import DataError  # noqa: E402
 
@@ -43,7 +45,7 @@ _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 60, "A process silent t
 def host_pipeline(config: ml_collections.ConfigDict, tok, split: str, workdir: str):
   """This process's rows of each global batch (data/input.py); a token store's packing index is
   cached in WORKDIR/data_index (a local folder when the workdir is gs://)."""
-  from mlm_jax.data import input as data_input
+  from mlm_jax.data import inputs as data_input
   from mlm_jax.data.store import index as store_index
   kind = registry.for_config(config).input_kind   # packed rows or sentence pairs: the objective's
   return data_input.make_input(config, kind, tok, split, process_index=jax.process_index(),
@@ -110,7 +112,7 @@ class HeldOut:
 
 
 class Probe:
-  """The loop's probe (mlm_jax/probe.py): the objective's encoder run without dropout on fixed samples
+  """The loop's probe (mlm_jax/evaluation/probe.py): the objective's encoder run without dropout on fixed samples
   of `train.probe_tasks`, replicated on every device (a probe batch is small), linear classifiers
   fit on the host. Its task samples are read at start, so a bad task name fails before training."""
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 from subproc import REPO
 
-from mlm_jax import aot
+from mlm_jax.training import aot
 
 
 # A hidden-256, 4-head, vocab-32000 encoder at seq 128, 2 layers, on top of configs/demo.py with

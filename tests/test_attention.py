@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from mlm_jax import attention, flops, sharding
-from mlm_jax.defaults import default_config
-from mlm_jax.model import Encoder
+from mlm_jax.model import attention, flops, sharding
+from mlm_jax.config.defaults import default_config
+from mlm_jax.model.encoder import Encoder
 
 S = 128   # splash's smallest block
 
@@ -164,7 +164,8 @@ def test_flops_count_windowed_attention():
 def test_configs_of_older_runs_without_the_new_fields_still_build():
   """config.json files written before these options lack their fields: they mean all-global, unscanned."""
   import ml_collections
-  from mlm_jax import model, workdir
+  from mlm_jax.model import encoder as model
+  from mlm_jax.workdir import files as workdir
   old = ml_collections.ConfigDict({k: v for k, v in _cfg().to_dict().items() if k not in attention.NEW_FIELDS})
   _, params = model.abstract_model(workdir.migrate_model(old))   # completed once, when config.json is read
   assert "layers" in params and flops.attended_keys(old, 128) == 3 * 128

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mlm_jax import checkpoint
+from mlm_jax.workdir import checkpoints as checkpoint
 
 
 def test_replicated_arrays_save_without_compiling_and_restore(tmp_path):

@@ -74,7 +74,8 @@ sys.path.insert(0, "tools")
 from mlm_jax import runtime
 runtime.configure()
 import jax, benchmark
-from mlm_jax import sharding, step
+from mlm_jax.model import sharding
+from mlm_jax.training import trainer as step
 args = benchmark._parse(["--model=mini", "--batch=8", "--seq_len=64", "--vocab=1000"])
 c = benchmark._config(args, "cpu")[0]
 tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))

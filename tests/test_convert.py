@@ -23,9 +23,9 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from mlm_jax import inference  # noqa: E402
-from mlm_jax.convert import checkpoint_io as cio  # noqa: E402
-from mlm_jax.data.tokenizers import train as tokenizer_train  # noqa: E402
+from mlm_jax.evaluation import fill_mask as inference  # noqa: E402
+from mlm_jax.convert import folders as cio  # noqa: E402
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train  # noqa: E402
 
 
 def _tool(name):
@@ -75,7 +75,7 @@ def _hf_model(arch, vocab=VOCAB):
 def _save_hf(model, path, tok=None):
   model.save_pretrained(str(path))
   if tok is not None:   # our own tokenizer files, as to_hf writes them
-    from mlm_jax.convert import hf_tokenizer
+    from mlm_jax.convert import tokenizer_files as hf_tokenizer
     hf_tokenizer.write(tok, str(path), 38)
   return path
 
@@ -171,7 +171,7 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
   src = _save_hf(model, tmp_path / "hf", spm["xlmr"])
   assert convert_checkpoint.main(["from_hf", f"--hf_dir={src}", f"--out={tmp_path / 'ours'}"]) == 0
   assert f"--config.init_from={tmp_path / 'ours'}" in capsys.readouterr().out   # all it takes to continue
-  from mlm_jax import workdir as workdir_lib
+  from mlm_jax.workdir import files as workdir_lib
   assert workdir_lib.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
   assert convert_checkpoint.main(["to_hf", f"--workdir={tmp_path / 'ours'}", f"--out={tmp_path / 'back'}"]) == 0
   assert "(modernbert, step 0)" in capsys.readouterr().out
@@ -195,8 +195,8 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
 
 def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   """checkpoint.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
-  from mlm_jax import checkpoint, workdir as workdir_lib
-  from mlm_jax.model import abstract_model
+  from mlm_jax.workdir import checkpoints as checkpoint, files as workdir_lib
+  from mlm_jax.model.encoder import abstract_model
   model = _hf_model("xlm-roberta")
   src = _save_hf(model, tmp_path / "hf")
   out = tmp_path / "ours"
@@ -227,8 +227,8 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
 
   # --config.init_from is all it takes: the demo config's model is replaced by the source's, silently;
   # a run-time field stays the user's; a command-line model flag that contradicts the source is refused.
-  from mlm_jax import resolve
-  from mlm_jax.defaults import default_config
+  from mlm_jax.training import resolve
+  from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import ConfigError
   demo = default_config()   # a 4-layer, 256-wide model: the source's 2 x 32 replaces it
   demo.init_from, demo.model.dtype, demo.data.seq_len = str(out), "bfloat16", 32

@@ -12,9 +12,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from mlm_jax import inference  # noqa: E402
-from mlm_jax.convert import hf_tokenizer  # noqa: E402
-from mlm_jax.data.tokenizers import train as tokenizer_train  # noqa: E402
+from mlm_jax.evaluation import fill_mask as inference  # noqa: E402
+from mlm_jax.convert import tokenizer_files as hf_tokenizer  # noqa: E402
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train  # noqa: E402
 
 # language: (file under corpus/, TSV text column or None)
 LANGS = {
@@ -95,7 +95,7 @@ def test_xlmr_sentencepiece_bpe_model_is_read_with_transformers_ids(texts, tmp_p
   """A transformers XLM-R folder carries fairseq's sentencepiece.bpe.model (ids shifted by one);
   from_hf / fill_mask --hf_dir rewrite it into our layout, giving transformers' own ids."""
   import sentencepiece as spm
-  from mlm_jax.convert import checkpoint_io
+  from mlm_jax.convert import folders as checkpoint_io
   train, held = texts
   folder = tmp_path / "xlmr"
   folder.mkdir()

@@ -1,4 +1,4 @@
-"""Curricula (mlm_jax/schedules.py): mask rate, language-sampling exponent and staged sources as pure
+"""Curricula (mlm_jax/config/curricula.py): mask rate, language-sampling exponent and staged sources as pure
 functions of the step, on the real masking code and a real token store (test_store's)."""
 import jax
 import jax.numpy as jnp
@@ -6,11 +6,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from mlm_jax import masking, schedules
-from mlm_jax.data import config as data_config
-from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.objectives import masking
+from mlm_jax.config import curricula as schedules
+from mlm_jax.config import data_defaults as data_config
+from mlm_jax.data.store import loader as store_pipeline
 from mlm_jax.data.store import prepare
-from mlm_jax.defaults import masking_defaults
+from mlm_jax.config.defaults import masking_defaults
 from mlm_jax.errors import ConfigError, DataError
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from mlm_jax.errors import ConfigError, DataError
-from mlm_jax.tasks import readers, suite
+from mlm_jax.tasks import readers
+from mlm_jax.finetuning import suite
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "round2"
 
@@ -107,7 +108,7 @@ def tiny_workdir(tmp_path, monkeypatch):
 
 def test_table_and_json_from_seed_results():
   """Mean ± sample std over seeds in percent, the average over tasks, zero-shot means apart."""
-  from mlm_jax.tasks import suite_report
+  from mlm_jax.finetuning import suite_report
   rec = lambda task, seed, score, xl=None: dict(task=task, seed=seed, score=score, scores={"exact_match": score / 2},
                                                 seconds=10.0, crosslingual=xl or {})
   results = {"sms_spam": [rec("sms_spam", 0, 0.9), rec("sms_spam", 1, 0.8)],

@@ -10,9 +10,9 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from mlm_jax.objectives import electra, electra_pair  # noqa: E402
-from mlm_jax.convert import electra as electra_convert  # noqa: E402
-from mlm_jax.defaults import default_config  # noqa: E402
+from mlm_jax.objectives import electra, electra_model as electra_pair  # noqa: E402
+from mlm_jax.convert import electra_towers as electra_convert  # noqa: E402
+from mlm_jax.config.defaults import default_config  # noqa: E402
 
 V, S, B = 97, 16, 3
 
@@ -147,7 +147,7 @@ def test_replacements_come_from_masked_slots_and_labels_mark_changes(scanned_pai
 
 def test_runs_from_before_the_shared_embedding_norm_keep_one_per_tower():
   """A config.json written before electra.share_embedding_norm reads as False: the two norms it saved."""
-  from mlm_jax import workdir
+  from mlm_jax.workdir import files as workdir
   old = default_config().to_dict()
   old["objective"] = "electra"
   del old["electra"]["share_embedding_norm"]
@@ -172,7 +172,7 @@ def test_an_electra_run_that_could_not_export_is_refused_at_start(tmp_path):
   before anything is written (demo corpus, tokenizer), in one line naming the config that works."""
   import importlib.util
   import pathlib
-  from mlm_jax import resolve
+  from mlm_jax.training import resolve
   from mlm_jax.errors import ConfigError
   configs = pathlib.Path(__file__).resolve().parents[1] / "configs"
   spec = importlib.util.spec_from_file_location("demo", configs / "demo.py")

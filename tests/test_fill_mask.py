@@ -54,8 +54,8 @@ def _losses(workdir):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
   """(workdir, corpus, tokenizer) of a short demo pretraining on a 2x2 mesh of 4 devices."""
-  from mlm_jax import demo_corpus
-  from mlm_jax.data.tokenizers import train as tokenizer_train
+  from mlm_jax.data import demo_corpus
+  from mlm_jax.data.tokenizers import spm_training as tokenizer_train
   root = tmp_path_factory.mktemp("fill_mask")
   corpus = demo_corpus.write(str(root / "corpus"), max_bytes=200_000)
   tok = tokenizer_train.train([corpus], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
@@ -81,7 +81,7 @@ def test_exported_folder_in_pipeline_matches_fill_mask(pretrained, tmp_path, cap
   pipe = transformers.pipeline("fill-mask", model=model, tokenizer=hf_tok)
   theirs = pipe(SENTENCE, top_k=5)
 
-  from mlm_jax import inference
+  from mlm_jax.evaluation import fill_mask as inference
   ids, _ = inference.encode_with_masks(tok, SENTENCE)
   assert hf_tok(SENTENCE)["input_ids"] == ids
 

@@ -139,7 +139,7 @@ def test_best_span_is_valid_and_optimal():
 def test_qa_windows_and_offsets_round_trip(shared_data, tok, lang):
   """Oracle logits on the gold pieces give back the gold answers (exact slices of the paragraph),
   also for Chinese, whose characters are byte-fallback pieces for this English tokenizer."""
-  from mlm_jax import metrics_tasks
+  from mlm_jax.tasks import metrics as metrics_tasks
   ex = readers.read_squad([str(shared_data / f"downstream/qa_xquad/xquad.{lang}.json.gz")])[:40]
   arrays, feats = qa.encode(ex, tok, 96, type_vocab_size=1, max_query_length=24, doc_stride=32)
   assert len(feats) > len(ex)      # long paragraphs span several windows
@@ -165,7 +165,7 @@ def hf_folder(tmp_path_factory, tok):
   """A tiny random XLM-R saved by transformers, with our sentencepiece model as its tokenizer."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from mlm_jax.convert import hf_tokenizer
+  from mlm_jax.convert import tokenizer_files as hf_tokenizer
   torch.manual_seed(0)
   conf = transformers.XLMRobertaConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
                                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=66,
@@ -178,7 +178,7 @@ def hf_folder(tmp_path_factory, tok):
 
 
 def _config(kind, **task):
-  from mlm_jax.tasks.config import finetune_config
+  from mlm_jax.config.finetune_defaults import finetune_config
   c = finetune_config()
   c.task.kind = kind
   c.task.update(task)

@@ -4,10 +4,10 @@ import logging
 
 import pytest
 
-from mlm_jax.data import config as data_config
+from mlm_jax.config import data_defaults as data_config
 from mlm_jax.data.store import prepare
-from mlm_jax.data.text import pipeline
-from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.data.text import stream as pipeline
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train
 from mlm_jax.errors import DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"

@@ -13,8 +13,9 @@ from subproc import REPO, cpu_env
 
 def tiny_trainer(devices, **train):
   """A 1-layer, 16-wide encoder on a 64-piece vocabulary, its Trainer on `devices` (None: all)."""
-  from mlm_jax import resolve, sharding, step
-  from mlm_jax.defaults import default_config
+  from mlm_jax.training import resolve, trainer as step
+  from mlm_jax.model import sharding
+  from mlm_jax.config.defaults import default_config
   c = default_config()
   c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                  max_position_embeddings=16)
@@ -37,7 +38,7 @@ from mlm_jax import runtime
 runtime.configure()
 sys.path.insert(0, "tests")
 from test_loop import random_batch, tiny_trainer
-from mlm_jax import loop
+from mlm_jax.training import loop
 
 trainer = tiny_trainer(None, steps=100, batch_size=4, log_every=1, save_every=2, sigterm_timeout_s=3.0)
 
@@ -84,7 +85,7 @@ def test_zero_cadences_and_an_error_at_the_end_keep_the_saved_checkpoint(tmp_pat
   without eval documents) still lets the asynchronous save of step 2 finish: saved work is not lost."""
   import jax
   import pytest
-  from mlm_jax import loop
+  from mlm_jax.training import loop
   from mlm_jax.errors import DataError
 
   trainer = tiny_trainer(jax.devices()[:1], steps=4, batch_size=2, log_every=0, eval_every=0, save_every=2)

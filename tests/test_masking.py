@@ -3,8 +3,8 @@ import jax
 import numpy as np
 import pytest
 
-from mlm_jax import masking
-from mlm_jax.defaults import default_config
+from mlm_jax.objectives import masking
+from mlm_jax.config.defaults import default_config
 
 import textdata
 

@@ -8,9 +8,9 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from mlm_jax.convert import hf  # noqa: E402
-from mlm_jax.defaults import default_config  # noqa: E402
-from mlm_jax.model import Encoder  # noqa: E402
+from mlm_jax.convert import bert as hf  # noqa: E402
+from mlm_jax.config.defaults import default_config  # noqa: E402
+from mlm_jax.model.encoder import Encoder  # noqa: E402
 
 SMALL = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=48, max_position_embeddings=40, hidden_dropout_prob=0.1,
@@ -102,7 +102,7 @@ def test_shape_mismatch_names_the_tensor():
 
 def test_bert_pooler_is_imported_when_the_checkpoint_has_one():
   """Checkpoints saved from BertForPreTraining carry `bert.pooler.*`; the import keeps it."""
-  from mlm_jax.convert import checkpoint_io
+  from mlm_jax.convert import folders as checkpoint_io
   model, hcfg = _hf_model("bert")
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   torch.manual_seed(1)
@@ -180,7 +180,7 @@ def _modernbert(biases: bool):
 
 
 def _ours_from(model, hcfg, **overrides):
-  from mlm_jax.model import abstract_model
+  from mlm_jax.model.encoder import abstract_model
   cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
   cfg.update(overrides)
   graphdef, template = abstract_model(cfg)

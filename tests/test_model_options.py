@@ -6,8 +6,8 @@ import pytest
 from flax import nnx
 import ml_collections
 
-from mlm_jax.defaults import default_config
-from mlm_jax.model import Encoder, dropout
+from mlm_jax.config.defaults import default_config
+from mlm_jax.model.encoder import Encoder, dropout
 
 
 def _cfg(**kw):
@@ -112,8 +112,8 @@ def test_bad_model_config_is_named():
 def test_modernbert_switches_and_the_pre_ln_layout_of_older_configs():
   """The switches remove exactly their parameters; a pre-LN config.json from before `embedding_norm` (no such
   key) builds the model it described: no embedding norm, its final norm still named `embeddings_norm`."""
-  from mlm_jax.model import abstract_model
-  from mlm_jax.workdir import migrate_model   # an older config.json is completed once, when read
+  from mlm_jax.model.encoder import abstract_model
+  from mlm_jax.workdir.files import migrate_model   # an older config.json is completed once, when read
   names = lambda cfg: {".".join(map(str, p)) for p, _ in nnx.to_flat_state(abstract_model(migrate_model(cfg))[1])}
   modern = names(_cfg(norm="pre", embedding_norm=True, attention_bias=False, mlp_bias=False, norm_bias=False,
                               head_bias=False, first_layer_attention_norm=False, mlp="geglu"))

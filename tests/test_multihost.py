@@ -63,7 +63,7 @@ def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
 
 def _params(workdir, step):
   """Final parameters as numpy, restored on one device from the run's checkpoint."""
-  from mlm_jax import checkpoint, workdir as workdir_lib
+  from mlm_jax.workdir import checkpoints as checkpoint, files as workdir_lib
   import ml_collections
   cfg = ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
   import jax

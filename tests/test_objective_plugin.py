@@ -1,5 +1,5 @@
 """An objective defined outside the package, in this file, trains through make_trainer and the one loop
-(mlm_jax/loop.py) with no package file edited: `config.objective = "module:Class"` names it, config.json
+(mlm_jax/training/loop.py) with no package file edited: `config.objective = "module:Class"` names it, config.json
 keeps that string, and a resumed run (and anything that reads the workdir) finds the class again."""
 import json
 
@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlm_jax import loop, resolve, sharding, step, workdir as workdir_lib
-from mlm_jax.defaults import default_config
+from mlm_jax.training import loop, resolve, trainer as step
+from mlm_jax.model import sharding
+from mlm_jax.workdir import files as workdir_lib
+from mlm_jax.config.defaults import default_config
 from mlm_jax.objectives import registry
 from mlm_jax.objectives.mlm import MLM
 

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlm_jax import optim
-from mlm_jax.defaults import default_config
+from mlm_jax.training import optim
+from mlm_jax.config.defaults import default_config
 
 
 def _opt(**kw):

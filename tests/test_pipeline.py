@@ -8,13 +8,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from mlm_jax.data import config as data_config
+from mlm_jax.config import data_defaults as data_config
 from mlm_jax.data import specs
-from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import shards as store_lib
 from mlm_jax.data.store import prepare
-from mlm_jax.data.text import pipeline
+from mlm_jax.data.text import stream as pipeline
 from mlm_jax.data.text import sources
-from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train
 from mlm_jax.errors import ConfigError, DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF

@@ -1,11 +1,11 @@
-"""Linear probes (mlm_jax/probe.py): the classifier, the collapse measure, and a real task's sample
+"""Linear probes (mlm_jax/evaluation/probe.py): the classifier, the collapse measure, and a real task's sample
 scored through the fine-tuning task's own metric."""
 import importlib.util
 
 import numpy as np
 import pytest
 
-from mlm_jax import probe
+from mlm_jax.evaluation import probe
 from subproc import REPO
 
 

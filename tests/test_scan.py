@@ -4,11 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mlm_jax import scan_layout, sharding, workdir as workdir_lib
-from mlm_jax.model import abstract_model
-from mlm_jax.convert import hf
-from mlm_jax.defaults import default_config
-from mlm_jax.model import Encoder
+from mlm_jax.model import scan_layout, sharding
+from mlm_jax.workdir import files as workdir_lib
+from mlm_jax.model.encoder import abstract_model
+from mlm_jax.convert import bert as hf
+from mlm_jax.config.defaults import default_config
+from mlm_jax.model.encoder import Encoder
 
 
 def _cfg(**kw):
@@ -101,7 +102,7 @@ def test_stacked_axis_uses_the_layers_rule():
 def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path):
   """config.init_from with another model.scan_layers than the source run: same model, either way."""
   import json
-  from mlm_jax import checkpoint
+  from mlm_jax.workdir import checkpoints as checkpoint
   unscanned = Encoder(_cfg(), seed=3)
   ckpt = checkpoint.Checkpointer(str(tmp_path), keep=1, async_save=False)
   ckpt.save(0, {"params": _params(unscanned), "step": jnp.zeros((), jnp.int32)}, {})

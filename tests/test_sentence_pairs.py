@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlm_jax.data import config as data_config
-from mlm_jax.data.store import format as store_lib
+from mlm_jax.config import data_defaults as data_config
+from mlm_jax.data.store import shards as store_lib
 from mlm_jax.data.store import pairs as sentence_pairs
 from mlm_jax.data.store import prepare
 from mlm_jax.data.tokenizers import load as tokenizer_load
-from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train
 from mlm_jax.errors import DataError
 
 BOOKS = "corpus/de/gutenberg_kalamine/*.txt.gz"    # paragraphs separated by blank lines
@@ -107,8 +107,8 @@ def test_xlmr_layout_and_errors(shared_data, corpus_and_tokenizer, tmp_path):
     assert ids[0] == tok.bos_id and len(eos) == 3 and eos[1] == eos[0] + 1 and not types.any()
   with pytest.raises(DataError, match="none of its .* documents has two lines"):
     sentence_pairs.PairPipeline(_cfg(lines), "nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
-  from mlm_jax import resolve
-  from mlm_jax.defaults import default_config
+  from mlm_jax.training import resolve
+  from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import ConfigError
   c = default_config()
   c.objective, c.data.sources = "mlm+nsp", ("de=corpus/*.txt",)
@@ -127,9 +127,9 @@ def test_nsp_head_and_loss_match_bert_for_pretraining():
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from flax import nnx
-  from mlm_jax.convert import hf
-  from mlm_jax.defaults import default_config
-  from mlm_jax.model import Encoder
+  from mlm_jax.convert import bert as hf
+  from mlm_jax.config.defaults import default_config
+  from mlm_jax.model.encoder import Encoder
   from mlm_jax.objectives.sentence import MLMWithSentenceHead
   hcfg = _tiny_bert(torch, transformers)
   cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
@@ -215,8 +215,8 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
       assert abs(again[s][k] - lines[s][k]) <= 1e-5, (s, k, again[s][k], lines[s][k])
 
   from flax import nnx
-  from mlm_jax import workdir as workdir_lib
-  from mlm_jax.convert import checkpoint_io
+  from mlm_jax.workdir import files as workdir_lib
+  from mlm_jax.convert import folders as checkpoint_io
   out = tmp_path / "hf"
   summary = checkpoint_io.to_hf(str(full), str(out))
   assert summary["arch"] == "bert" and "note" not in summary
@@ -238,9 +238,11 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
 
 def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(corpus_and_tokenizer, tmp_path):
   """No transformers class has XLM-R + a sentence head: the MLM model is written, and the note says so."""
-  from mlm_jax import checkpoint, loop, resolve, sharding, step
-  from mlm_jax.convert import checkpoint_io
-  from mlm_jax.defaults import default_config
+  from mlm_jax.workdir import checkpoints as checkpoint
+  from mlm_jax.training import loop, resolve, trainer as step
+  from mlm_jax.model import sharding
+  from mlm_jax.convert import folders as checkpoint_io
+  from mlm_jax.config.defaults import default_config
   tok = tokenizer_load.load(corpus_and_tokenizer[1])
   c = default_config()
   c.objective = "mlm+sop"

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from mlm_jax import sharding, step
-from mlm_jax.defaults import default_config
+from mlm_jax.model import sharding
+from mlm_jax.training import trainer as step
+from mlm_jax.config.defaults import default_config
 
 import textdata
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import best_fit
-from mlm_jax.data import config as data_config
-from mlm_jax.data.store import format as store_lib
+from mlm_jax.config import data_defaults as data_config
+from mlm_jax.data.store import shards as store_lib
 from mlm_jax.data.store import index as store_index
-from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.store import loader as store_pipeline
 from mlm_jax.data.store import prepare
-from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train
 from mlm_jax.errors import DataError
 from subproc import REPO, cpu_env
 
@@ -338,7 +338,7 @@ def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
   process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
   has is a one-line error."""
   import ml_collections
-  from mlm_jax.data import input as data_input
+  from mlm_jax.data import inputs as data_input
   c = _cfg(store, tmp_path)
   run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
   got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
@@ -358,10 +358,10 @@ def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
   choice, the specs and the tokenizers import no TensorFlow, jax or text/ (which sets TensorFlow up
   at import): a worker process or a config check never pays for them."""
   code = ("import sys\n"
-          "import mlm_jax.data.store.batch, mlm_jax.data.store.format, mlm_jax.data.store.index\n"
-          "import mlm_jax.data.store.pairs, mlm_jax.data.store.pipeline, mlm_jax.data.store.prepare\n"
-          "import mlm_jax.data.store.reader, mlm_jax.data.input, mlm_jax.data.specs\n"
-          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.train\n"
+          "import mlm_jax.data.store.batch, mlm_jax.data.store.shards, mlm_jax.data.store.index\n"
+          "import mlm_jax.data.store.pairs, mlm_jax.data.store.loader, mlm_jax.data.store.prepare\n"
+          "import mlm_jax.data.store.text_reader, mlm_jax.data.inputs, mlm_jax.data.specs\n"
+          "import mlm_jax.data.tokenizers.load, mlm_jax.data.tokenizers.spm_training\n"
           "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax')"
           " or m.startswith('mlm_jax.data.text'))\n"
           "assert not bad, bad\n")

@@ -5,7 +5,7 @@ Every expected number below was worked out by hand from the rules of the referen
 """
 import pytest
 
-from mlm_jax import metrics_tasks as mt
+from mlm_jax.tasks import metrics as mt
 
 
 # ------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import tensorflow_text as tf_text
 
 from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.data.tokenizers import load as tokenizer_load
-from mlm_jax.data.tokenizers import train as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train
 from mlm_jax.errors import UserError
 
 # language: (file under corpus/, TSV text column or None, training lines). Armenian gets far

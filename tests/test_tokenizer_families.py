@@ -1,4 +1,4 @@
-"""WordPiece and byte-level BPE tokenizers (mlm_jax/data/tokenizers/hf.py) through every consumer.
+"""WordPiece and byte-level BPE tokenizers (mlm_jax/data/tokenizers/hf_tokenizers.py) through every consumer.
 
 Real files: all-MiniLM-L6-v2's WordPiece tokenizer (shared/data/models, uncased BERT), and a
 byte-level BPE RoBERTa folder trained here with `tokenizers` on shared corpus lines. Every check
@@ -13,9 +13,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from mlm_jax.data import config as data_config  # noqa: E402
-from mlm_jax.data.store import reader as text_reader  # noqa: E402
-from mlm_jax.data.tokenizers import hf as tokenizer_hf  # noqa: E402
+from mlm_jax.config import data_defaults as data_config  # noqa: E402
+from mlm_jax.data.store import text_reader  # noqa: E402
+from mlm_jax.data.tokenizers import hf_tokenizers as tokenizer_hf  # noqa: E402
 from mlm_jax.data.tokenizers import load as tokenizer_load  # noqa: E402
 
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -131,9 +131,9 @@ def test_word_starts_count_the_words(folders, lines_by_lang, kind):
 def test_streaming_batch_ids_and_whole_word_masking(shared_data, folders, kind):
   """One streaming-pipeline batch: AutoTokenizer's ids packed as documents, word starts, whole-word masks."""
   import jax
-  from mlm_jax import masking
-  from mlm_jax.data.text import pipeline
-  from mlm_jax.defaults import masking_defaults
+  from mlm_jax.objectives import masking
+  from mlm_jax.data.text import stream as pipeline
+  from mlm_jax.config.defaults import masking_defaults
   tok, hf = tokenizer_load.load(folders[kind]), _hf(folders[kind])
   c = data_config.data_defaults()
   # Next-fit packing keeps the documents in file order across the rows, which is what `want` spells out.
@@ -181,7 +181,7 @@ def test_streaming_batch_ids_and_whole_word_masking(shared_data, folders, kind):
 
 def test_store_with_wordpiece(shared_data, folders, tmp_path):
   """prepare copies the tokenizer files into the store; a `store:` source trains with them."""
-  from mlm_jax.data.store import pipeline as store_pipeline
+  from mlm_jax.data.store import loader as store_pipeline
   from mlm_jax.data.store import prepare
   tok, hf = tokenizer_load.load(folders["wordpiece"]), _hf(folders["wordpiece"])
   src = tmp_path / "en.txt"
@@ -245,8 +245,8 @@ def test_ner_words_and_qa_offsets(folders, lines_by_lang):
 def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, kind):
   """from_hf copies the folder's tokenizer; to_hf writes it back: AutoTokenizer and fill-mask agree with ours."""
   torch = pytest.importorskip("torch")
-  from mlm_jax import inference
-  from mlm_jax.convert import checkpoint_io as cio
+  from mlm_jax.evaluation import fill_mask as inference
+  from mlm_jax.convert import folders as cio
   tok = tokenizer_load.load(folders[kind])
   torch.manual_seed(0)
   small = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -292,8 +292,8 @@ def test_store_and_streaming_give_the_same_bpe_ids_for_multi_line_documents(shar
   """Byte-level BPE: prepare encodes a paragraph's later lines as ' ' + line, as the streaming path
   sees them (lines joined with spaces), so both paths give the same ids; pinned in prepare.json."""
   import json
-  from mlm_jax.data.store import format as store_lib, prepare
-  from mlm_jax.data.text import pipeline
+  from mlm_jax.data.store import shards as store_lib, prepare
+  from mlm_jax.data.text import stream as pipeline
   tok = tokenizer_load.load(folders["bpe"])
   lines = [l.split("\t")[1] for l in _lines(shared_data / EN, 40)]
   paragraphs = ["\n".join(lines[i:i + 3]) for i in range(0, 30, 3)]

@@ -207,11 +207,13 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   import jax
   import numpy as np
   from flax import nnx
-  from mlm_jax import checkpoint as ckpt_lib, inference, tree_paths, workdir as workdir_lib
-  from mlm_jax.model import abstract_model
-  from mlm_jax.objectives import electra_pair as electra
-  from mlm_jax.convert import checkpoint_io as cio
-  from mlm_jax.convert import electra as electra_convert
+  from mlm_jax.workdir import checkpoints as ckpt_lib, files as workdir_lib
+  from mlm_jax.evaluation import fill_mask as inference
+  from mlm_jax.model import tree_paths
+  from mlm_jax.model.encoder import abstract_model
+  from mlm_jax.objectives import electra_model as electra
+  from mlm_jax.convert import folders as cio
+  from mlm_jax.convert import electra_towers as electra_convert
   from mlm_jax.errors import UserError
 
   lines = [json.loads(line) for line in (electra_run / "metrics.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@
 
 Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: XLA's TPU compiler runs on this CPU. Prints
 per device the arguments, outputs, temporaries and code against HBM, XLA's FLOPs beside flops.py's,
-XLA's optimal step time and the MFU bound it implies (see mlm_jax/aot.py), the attention
+XLA's optimal step time and the MFU bound it implies (see mlm_jax/training/aot.py), the attention
 implementation resolved for TPU (splash rows have no optimal time: Pallas kernels carry no cost
 estimate), whether layers are scanned, and the compile seconds. With --json, one JSON line per
 topology instead.
@@ -31,7 +31,7 @@ runtime.configure()
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from mlm_jax import aot  # noqa: E402
+from mlm_jax.training import aot  # noqa: E402
 from mlm_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "

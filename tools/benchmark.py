@@ -31,7 +31,7 @@ runtime.configure()   # before jax and tensorflow are imported
 if __name__ == "__main__":
   runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
 
-from mlm_jax.presets import SIZES as PRESETS  # noqa: E402
+from mlm_jax.config.sizes import SIZES as PRESETS  # noqa: E402
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -60,8 +60,9 @@ def _parse(argv) -> argparse.Namespace:
 
 def _config(args, platform: str):
   """(the resolved, checked and frozen config, why its attention implementation), as the binaries resolve."""
-  from mlm_jax import attention, resolve
-  from mlm_jax.defaults import default_config
+  from mlm_jax.model import attention
+  from mlm_jax.training import resolve
+  from mlm_jax.config.defaults import default_config
   c = default_config()
   c.model.update(PRESETS[args.model])
   c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
@@ -95,7 +96,7 @@ def _batches(args, n: int = 4) -> list:
 def _timed_steps(c, mesh, batches, args) -> dict:
   """Compile, warm up, then time `args.steps` steps: seconds, page faults and the last loss."""
   import jax
-  from mlm_jax import step
+  from mlm_jax.training import trainer as step
   t0 = time.perf_counter()
   tr = step.make_trainer(c, mesh)
   state = tr.init()
@@ -169,7 +170,8 @@ def train_main(argv):
   if args.repeat > 1:
     return _repeat(argv, args)
   import jax
-  from mlm_jax import flops, masking, sharding
+  from mlm_jax.model import flops, sharding
+  from mlm_jax.objectives import masking
 
   allocator = runtime.memory_policy()   # as the training binary does on CPU
   devices = jax.devices()[:args.devices]

@@ -11,7 +11,7 @@ shape, built in this process and in --store_workers worker processes, and the fi
 set_state at global batch 0, 1e4 and 1e6 (resume cost). With --prepare_workers=N, times
 tools/prepare_data.py on the same input with 1 and N workers, beside sentencepiece's own encode rate.
 
-Builds the real `mlm_jax.data.text.pipeline.Pipeline` (tf.data reading, the tokenizer: in-graph
+Builds the real `mlm_jax.data.text.stream.Pipeline` (tf.data reading, the tokenizer: in-graph
 sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
 segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
 steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
@@ -46,7 +46,7 @@ TOKENIZER_TEXT = (f"en={DEFAULT_INPUT}", os.path.join(_DATA, "corpus/en/gutenber
 
 def _tokenizer(args, inputs):
   from mlm_jax.data.tokenizers import load as tokenizer_load
-  from mlm_jax.data.tokenizers import train as tokenizer_train
+  from mlm_jax.data.tokenizers import spm_training as tokenizer_train
   if args.tokenizer:
     return tokenizer_load.load(args.tokenizer)
   cache = os.path.join(tempfile.gettempdir(), f"mlm_jax_bench_spm_{args.vocab_size}")
@@ -62,7 +62,7 @@ def _tokenizer(args, inputs):
 
 
 def _bench_pipeline(args, cfg, tok):
-  from mlm_jax.data.text import pipeline
+  from mlm_jax.data.text import stream as pipeline
   t0 = time.perf_counter()
   it = pipeline.Pipeline(cfg, tok, args.batch_size, seed=0)
   for _ in range(args.warmup):
@@ -84,7 +84,7 @@ def _bench_pipeline(args, cfg, tok):
 def _real_by_source(args, cfg, tok) -> dict:
   """The share of row slots that hold a real token, per source, over --batches batches (untimed)."""
   import numpy as np
-  from mlm_jax.data.text import pipeline, sources
+  from mlm_jax.data.text import stream as pipeline, sources
   names = [src.name for src in sources.parse_sources(cfg.sources, cfg.tfds_data_dir)]
   ds = pipeline.build_dataset(cfg, tok, args.batch_size, seed=0, with_source=True).take(args.batches)
   real, rows = np.zeros(len(names)), np.zeros(len(names))
@@ -96,7 +96,7 @@ def _real_by_source(args, cfg, tok) -> dict:
 
 def _bench_store(args, cfg):
   """The store pipeline built in this process, and (--store_workers=N) in N worker processes."""
-  from mlm_jax.data.store import pipeline as store_pipeline
+  from mlm_jax.data.store import loader as store_pipeline
   cfg = cfg.copy_and_resolve_references()
   cfg.sources = (f"store:{args.store}",)
   out = {}
@@ -238,8 +238,8 @@ def main(argv=None):
                  help="with --store: also time it with this many worker processes (data.store_workers)")
   args = p.parse_args(argv)
 
-  from mlm_jax.data import config as data_config
-  from mlm_jax.data.text import pipeline
+  from mlm_jax.config import data_defaults as data_config
+  from mlm_jax.data.text import stream as pipeline
   inputs = args.input or [f"en={DEFAULT_INPUT}"]
   cfg = data_config.data_defaults()
   cfg.update(dict(sources=tuple(inputs), doc_format=args.doc_format, packing=args.packing,

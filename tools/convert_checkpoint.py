@@ -58,7 +58,7 @@ def _parser():
 def main(argv=None) -> int:
   a = _parser().parse_args(argv)
   runtime.setup_tool_logging()
-  from mlm_jax.convert import checkpoint_io as cio
+  from mlm_jax.convert import folders as cio
   from mlm_jax.errors import UserError
   try:
     if a.command == "to_hf":

@@ -29,7 +29,7 @@ if __name__ == "__main__":
 
 
 def _parser():
-  from mlm_jax import inference
+  from mlm_jax.evaluation import fill_mask as inference
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="command", required=True)
   m = sub.add_parser("mlm", help="masked-LM loss, accuracy, perplexity and pseudo-log-likelihood on text files")
@@ -161,8 +161,9 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
                  max_lines=0, pll_lines=50, seed=0, against_transformers=False) -> dict:
-  from mlm_jax import inference, workdir as workdir_lib
-  from mlm_jax.defaults import default_config
+  from mlm_jax.evaluation import fill_mask as inference
+  from mlm_jax.workdir import files as workdir_lib
+  from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import UserError
   lm = inference.load(workdir=workdir, hf_dir=hf_dir, step=step, tokenizer=tokenizer)
   cfg = lm.model_config

@@ -34,7 +34,7 @@ def _table(result) -> str:
 
 
 def main(argv=None) -> int:
-  from mlm_jax import inference
+  from mlm_jax.evaluation import fill_mask as inference
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("text", nargs="+", help="text with one or more <mask>")
   inference.add_source_flags(p)

@@ -69,8 +69,8 @@ def _real_fractions(root: str, manifest: dict, seq_len: int) -> dict:
   packed into `seq_len` rows (segmented, best-fit, the default window; a fixed document order, so
   within a fraction of a percent of what any seed gives). Built from the token counts alone."""
   import numpy as np
-  from mlm_jax.data import config as data_config
-  from mlm_jax.data.store import format as store_lib, index as store_index
+  from mlm_jax.config import data_defaults as data_config
+  from mlm_jax.data.store import shards as store_lib, index as store_index
   store, window = store_lib.Store(root), data_config.data_defaults().packing_window
   out = {}
   for name in manifest["sources"]:

@@ -5,7 +5,7 @@
       --corpus='../shared/data/corpus/*'
   python tools/tokenizer_parity.py --train_bpe=/tmp/roberta_bpe --corpus='../shared/data/corpus/*'
 
-Each line is read as prepare reads it (mlm_jax/data/store/reader.py: invalid UTF-8 repaired to
+Each line is read as prepare reads it (mlm_jax/data/store/text_reader.py: invalid UTF-8 repaired to
 U+FFFD, BOM and CR removed, blank lines skipped), encoded by `tokenizers.load.load(FOLDER)` as
 `BOS + ids + EOS` and by `AutoTokenizer.from_pretrained(FOLDER)(line)`; the tool prints, per
 language folder, the number of lines and of lines whose ids differ, with the first differing
@@ -25,7 +25,7 @@ runtime.configure()   # before jax and tensorflow are imported
 
 def corpus_lines(language_dir: str, max_lines: int = 0) -> list:
   """Every non-blank line of every file under `language_dir`, as the text reader yields it."""
-  from mlm_jax.data.store import reader as text_reader
+  from mlm_jax.data.store import text_reader
   out = []
   files = sorted(p for p in glob.glob(os.path.join(language_dir, "**", "*"), recursive=True)
                  if os.path.isfile(p) and not p.endswith(".md"))
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   import transformers
-  from mlm_jax.data.tokenizers import hf as tokenizer_hf
+  from mlm_jax.data.tokenizers import hf_tokenizers as tokenizer_hf
   from mlm_jax.data.tokenizers import load as tokenizer_load
   transformers.logging.set_verbosity_error()
   langs = {os.path.basename(d.rstrip("/")): d for d in sorted(glob.glob(a.corpus)) if os.path.isdir(d)}

@@ -17,7 +17,7 @@ from mlm_jax import runtime
 runtime.configure()   # before jax and tensorflow are imported
 
 from mlm_jax.data.tokenizers import base as tokenizer_base  # noqa: E402
-from mlm_jax.data.tokenizers import train as tokenizer_train  # noqa: E402
+from mlm_jax.data.tokenizers import spm_training as tokenizer_train  # noqa: E402
 from mlm_jax.errors import UserError  # noqa: E402
 
 

@@ -16,7 +16,7 @@ Hardware: CPU for the demo model, minutes; expect low scores from a tiny model o
 """
 import os
 
-from mlm_jax.tasks.config import budget, finetune_config
+from mlm_jax.config.finetune_defaults import budget, finetune_config
 
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data"))
 

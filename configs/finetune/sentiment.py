@@ -17,7 +17,7 @@ Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one
 """
 import os
 
-from mlm_jax.tasks.config import budget, finetune_config
+from mlm_jax.config.finetune_defaults import budget, finetune_config
 
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data"))
 

@@ -13,7 +13,7 @@ Head: a linear layer on every position; labels on the first sub-token of each wo
 """
 import os
 
-from mlm_jax.tasks.config import budget, finetune_config
+from mlm_jax.config.finetune_defaults import budget, finetune_config
 
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data"))
 LABELS = ("O",) + tuple(f"{p}-{t}" for t in ("person", "location", "group", "creative-work", "corporation", "product")

@@ -1,6 +1,6 @@
 """ModernBERT (transformers' ModernBertForMaskedLM) <-> our Encoder: the config and every tensor.
 
-ModernBERT is our pre-LN encoder with its structure switches set (mlm_jax/model.py): embedding and
+ModernBERT is our pre-LN encoder with its structure switches set (mlm_jax/model/encoder.py): embedding and
 final LayerNorms, no attention norm in layer 0, rotary positions with a global and a local theta,
 GeGLU, a global attention layer every N layers with sliding windows between, and the bias switches
 (attention_bias, mlp_bias, norm_bias, classifier_bias) of its config.
@@ -93,7 +93,7 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
 def hf_config(cfg: ml_collections.ConfigDict, pad_token_id: int, bos_token_id: int | None = None,
               eos_token_id: int | None = None) -> dict:
   """A ModernBERT config.json dict for our `config.model` (ModernBERT-shaped models only)."""
-  from mlm_jax import attention
+  from mlm_jax.model import attention
   if not is_modernbert(cfg):
     raise ConversionError(
         f"model (norm={cfg.norm}, positions={cfg.positions}, mlp={cfg.mlp}, type_vocab_size={cfg.type_vocab_size}, "

@@ -8,7 +8,7 @@
   store/        token-store path: prepare once, then batches as pure functions of the step
   tokenizers/   one interface; sentencepiece, WordPiece / byte-level BPE; sentencepiece training
 
-This file stays free of TensorFlow on purpose: `mlm_jax.defaults` imports `data.config`, and
+This file stays free of TensorFlow on purpose: `mlm_jax.config.defaults` imports `data.config`, and
 loading a config should not cost a 5 s TensorFlow import. Only text/ imports TensorFlow at import
 time (hiding every GPU from it); the store path and the tokenizers import it lazily, for gs://
 paths, FarmHash and TFDS.

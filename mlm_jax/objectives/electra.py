@@ -20,10 +20,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from mlm_jax import flops, masking, model as model_lib, schedules
+from mlm_jax.model import flops, encoder as model_lib
+from mlm_jax.objectives import masking
+from mlm_jax.config import curricula as schedules
 from mlm_jax.errors import ConfigError, ConversionError
 from mlm_jax.objectives import sparse_loss
-from mlm_jax.objectives.electra_pair import (ElectraPair, corrupt, discriminator_config, generator_config,
+from mlm_jax.objectives.electra_model import (ElectraPair, corrupt, discriminator_config, generator_config,
                                              sample_slots)
 from mlm_jax.objectives.mlm import MLM
 
@@ -100,7 +102,7 @@ class Electra(MLM):
   @classmethod
   def to_hf(cls, workdir: str, out: str, step, arch):
     """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM)."""
-    from mlm_jax.convert import electra as electra_convert
+    from mlm_jax.convert import electra_towers as electra_convert
     if arch not in (None, electra_convert.ARCH):
       raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
     return electra_convert.to_hf(workdir, out, step)

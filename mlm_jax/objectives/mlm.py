@@ -8,9 +8,11 @@ import math
 
 import ml_collections
 
-from mlm_jax import flops, masking, schedules
+from mlm_jax.model import flops
+from mlm_jax.objectives import masking
+from mlm_jax.config import curricula as schedules
 from mlm_jax.errors import ConfigError
-from mlm_jax.model import Encoder
+from mlm_jax.model.encoder import Encoder
 from mlm_jax.objectives import sparse_loss
 
 ROW_FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")   # a packed row (data/)

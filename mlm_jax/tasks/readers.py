@@ -30,7 +30,8 @@ import os
 import re
 from typing import Sequence
 
-from mlm_jax import choices, errors
+from mlm_jax.config import choices
+from mlm_jax import errors
 
 
 # "# key = value" lines of CoNLL-U; a '#' token line ("#\tO") is data.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ml_collections
 
-from mlm_jax import metrics_tasks
+from mlm_jax.tasks import metrics as metrics_tasks
 from mlm_jax.data.tokenizers.base import Tokenizer
 from mlm_jax.tasks import features, qa, readers
 

@@ -24,7 +24,7 @@ import weakref
 
 import numpy as np
 
-from mlm_jax.data.store import format as store_lib
+from mlm_jax.data.store import shards as store_lib
 from mlm_jax.data.store import index as store_index
 from mlm_jax.errors import DataError
 

@@ -33,7 +33,7 @@ import hashlib
 import numpy as np
 
 from mlm_jax.data.store import index as store_index
-from mlm_jax.data.store import pipeline as store_pipeline
+from mlm_jax.data.store import loader as store_pipeline
 from mlm_jax.errors import DataError
 
 TASKS = ("nsp", "sop")

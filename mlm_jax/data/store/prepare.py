@@ -1,4 +1,4 @@
-"""Prepare once: text sources -> token store (see mlm_jax/data/store/format.py for the format).
+"""Prepare once: text sources -> token store (see mlm_jax/data/store/shards.py for the format).
 
 Work is cut into units that depend only on the sources (one unit per input file; a TFDS split
 in `TFDS_UNITS` percent slices), never on the number of workers or tasks, and each unit's files
@@ -30,8 +30,8 @@ import numpy as np
 from array_record.python import array_record_module as ar
 
 from mlm_jax.data.specs import list_files, parse_named
-from mlm_jax.data.store import format as store_lib
-from mlm_jax.data.store import reader as text_reader
+from mlm_jax.data.store import shards as store_lib
+from mlm_jax.data.store import text_reader
 from mlm_jax.data.tokenizers import base as tokenizer_lib
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import DataError

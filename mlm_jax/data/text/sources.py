@@ -36,7 +36,8 @@ import re
 import zlib
 from typing import Optional, Sequence
 
-from mlm_jax import choices, errors, runtime
+from mlm_jax.config import choices
+from mlm_jax import errors, runtime
 from mlm_jax.data import specs
 from mlm_jax.data.specs import MAX_BLOCK_CHARS, Spec, list_files
 from mlm_jax.data.specs import first_line as _first_line, of_source as _of

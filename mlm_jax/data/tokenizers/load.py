@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from mlm_jax.data.tokenizers import base, hf, spm
+from mlm_jax.data.tokenizers import base, hf_tokenizers as hf, spm
 from mlm_jax.errors import DataError
 
 

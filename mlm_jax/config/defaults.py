@@ -1,0 +1,190 @@
+"""The full config schema with defaults, one function per section; every file in configs/ starts from
+`default_config()`, and the fine-tuning schema (tasks/config.py) reuses its sections.
+
+Keeping all fields in one place makes the ConfigDict locked against typos: overriding a key
+that is not here (`--config.trian.steps=5`) fails at start with the key named.
+"""
+import ml_collections
+
+from mlm_jax.config.data_defaults import data_defaults
+
+
+def loop_defaults() -> ml_collections.ConfigDict:
+  """The `train` section: what the one loop (mlm_jax/training/loop.py) reads, for pretraining and fine-tuning."""
+  t = ml_collections.ConfigDict()
+  t.steps = 1000
+  t.batch_size = 32              # global, in sequences
+  # Cadences in steps; 0 = never, except at the last step (a run always logs, evaluates and saves it).
+  t.log_every = 50
+  t.eval_every = 500
+  t.eval_batches = 20            # pretraining: held-out global batches per evaluation
+  t.eval_at_start = False        # also evaluate (and probe) the untrained model before the first step
+  # Pretraining: linear probes of the frozen encoder every probe_every steps (0 = off; mlm_jax/evaluation/probe.py),
+  # on samples of these downstream suite tasks (sentence or token classification; ../shared/data).
+  t.probe_every = 0
+  t.probe_tasks = ("sms_spam", "polarity", "pos")
+  t.probe_train_examples = 384
+  t.probe_eval_examples = 256
+  t.save_every = 500
+  t.keep_checkpoints = 3
+  t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error
+  t.max_consecutive_nonfinite = 20   # skip mode gives up after this many non-finite steps in a row
+  t.peak_tflops_per_device = 0.0 # for MFU; 0 = known accelerator peak, or measured on CPU
+  # After SIGTERM the loop saves at the next step boundary; a run that has not reached it this many
+  # seconds later (stuck reading input) exits without saving. Preemption notices give ~30 s.
+  t.sigterm_timeout_s = 25.0
+  return t
+
+
+def tokenizer_defaults() -> ml_collections.ConfigDict:
+  """Tokenizer training, used when data.tokenizer is '' (trained once into WORKDIR/tokenizer)."""
+  tk = ml_collections.ConfigDict()
+  tk.vocab_size = 8000
+  tk.model_type = "unigram"      # unigram | bpe
+  tk.layout = "xlmr"             # xlmr (<s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask>=last) | bert
+  tk.alpha = 0.3                 # language sampling exponent
+  tk.input_sentence_size = 2_000_000
+  return tk
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+  """The encoder (mlm_jax/model/encoder.py, attention.py)."""
+  m = ml_collections.ConfigDict()
+  m.vocab_size = 0               # 0 = the tokenizer's size; otherwise must equal it
+  m.hidden_size = 256
+  m.embedding_size = 0           # 0 = hidden_size; ELECTRA: smaller, projected up (embeddings_project)
+  m.num_layers = 4
+  m.num_heads = 4
+  m.intermediate_size = 1024
+  m.max_position_embeddings = 512
+  m.type_vocab_size = 2          # 0 = no token-type embeddings (RoBERTa uses 1, XLM-R 1)
+  m.position_offset = 0          # RoBERTa / XLM-R: padding_idx + 1 = 2
+  m.positions = "learned"        # learned | rotary
+  m.norm = "post"                # post (BERT) | pre (modern recipes)
+  m.mlp = "gelu"                 # gelu (exact erf GELU) | geglu
+  m.layer_norm_eps = 1e-12       # BERT 1e-12, RoBERTa/XLM-R 1e-5
+  m.hidden_dropout = 0.1
+  m.attention_dropout = 0.1
+  m.use_pooler = False
+  # Structure switches (mlm_jax/model/encoder.py); ModernBERT: embedding_norm on, the four biases off,
+  # first_layer_attention_norm off (configs/modernbert_base.py).
+  m.embedding_norm = True        # LayerNorm on the embeddings (pre-LN adds its own after the last layer)
+  m.attention_bias = True        # biases of the q / k / v / output projections
+  m.mlp_bias = True              # biases of the FFN projections
+  m.norm_bias = True             # LayerNorm biases (every norm of the model)
+  m.head_bias = True             # the MLM head's dense bias (the decoder bias is always there)
+  m.first_layer_attention_norm = True   # pre-LN: False = layer 0 attends to its input unnormalized
+  # A binary sentence head (NSP / SOP) on the pooler: set by config.objective='mlm+nsp' | 'mlm+sop'.
+  m.sentence_head = False
+  m.mlm_head = True              # False: no MLM head parameters (ELECTRA's discriminator, fine-tuned from it)
+  m.rope_theta = 10000.0
+  m.initializer_range = 0.02
+  m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
+  m.param_dtype = "float32"
+  # auto (or '') = per the mesh's platform: splash on TPU, cudnn on GPU for padding-only batches,
+  # else xla; attention dropout > 0 always takes xla (mlm_jax/model/attention.py: resolve_impl).
+  m.attention_impl = "auto"      # auto | xla | splash | cudnn
+  m.global_attention_every = 0   # 0 = every layer global; N = layer i global when i % N == 0, else local
+  m.local_window = 128           # local layers: token i sees j when |i - j| <= local_window / 2 (HF ModernBERT)
+  m.rope_theta_local = 10000.0   # rotary theta of the local layers
+  m.scan_layers = False          # stack the layers (groups of global_attention_every) and lax.scan them
+  m.remat = "none"               # none | full | dots
+  return m
+
+
+def masking_defaults() -> ml_collections.ConfigDict:
+  """Dynamic masking inside the step (mlm_jax/objectives/masking.py)."""
+  k = ml_collections.ConfigDict()
+  k.mode = "token"               # token | whole_word | span
+  k.mask_rate = 0.15
+  k.mask_token_prob = 0.8
+  k.random_token_prob = 0.1
+  k.max_predictions = 0          # 0 = ceil(max mask rate * seq_len), rounded up per platform
+  # Curriculum (mlm_jax/config/curricula.py): ('0:0.3', '2000:0.15', '4000:0.05') = the rate from each
+  # step on; replaces mask_rate when set. constant: piecewise constant | linear: lines between points.
+  k.mask_rate_schedule = ()
+  k.mask_rate_schedule_mode = "constant"
+  k.span_p = 0.2                 # SpanBERT geometric parameter
+  k.span_max = 10
+  # Filled from the tokenizer at start: mask id and the ids that are never selected/sampled.
+  k.mask_id = -1
+  k.special_ids = ()
+  return k
+
+
+def optimizer_defaults() -> ml_collections.ConfigDict:
+  """AdamW and its schedule (mlm_jax/training/optim.py)."""
+  o = ml_collections.ConfigDict()
+  o.learning_rate = 1e-4         # peak
+  o.warmup_steps = 100
+  o.schedule = "linear"          # linear | cosine | constant | wsd (after warmup)
+  o.end_lr_ratio = 0.0
+  o.decay_fraction = 0.1         # wsd: the last fraction of train.steps decays (before it: the peak)
+  o.decay_shape = "1-sqrt"       # wsd: linear | cosine | 1-sqrt
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.eps = 1e-6
+  o.weight_decay = 0.01
+  o.clip_norm = 1.0              # 0 = off
+  # > 0: each tensor's Adam update clipped to this RMS (1.0: the nearest optax equivalent of
+  # StableAdamW, mlm_jax/training/optim.py); 0 = off.
+  o.update_clip_rms = 0.0
+  # False: Adam's moments are used without the 1 / (1 - b^t) correction, as in BERT's and ELECTRA's
+  # reference AdamWeightDecayOptimizer (early updates are then smaller by (1 - b1) / sqrt(1 - b2)).
+  o.bias_correction = True
+  o.grad_accum_steps = 1
+  return o
+
+
+def electra_defaults() -> ml_collections.ConfigDict:
+  """The generator of `objective='electra'` (mlm_jax/objectives/electra.py); the discriminator is `config.model`."""
+  e = ml_collections.ConfigDict()
+  e.generator_hidden_size = 0      # 0 = model.hidden_size // 4 (the paper's best generator size)
+  e.generator_num_heads = 0        # 0 = model.num_heads // 4 (at least 1)
+  e.generator_intermediate_size = 0  # 0 = model.intermediate_size // 4
+  e.generator_num_layers = 0       # 0 = model.num_layers
+  e.disc_weight = 50.0             # lambda: loss = generator MLM + disc_weight x discriminator BCE
+  # One embedding LayerNorm for both towers, as google-research/electra shares it with the tables;
+  # False: one each (runs written before this field existed read as False and load unchanged).
+  e.share_embedding_norm = True
+  return e
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order) | electra
+  # (replaced-token detection, mlm_jax/objectives/electra.py); the sentence objectives read pairs of sentences
+  # from a token store (mlm_jax/data/sentence_pairs.py).
+  c.objective = "mlm"
+  # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
+  # parameters start from there, the optimizer and data stream start fresh.
+  c.init_from = ""
+  # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
+  c.demo_corpus = False
+
+
+  c.tokenizer = tokenizer_defaults()   # used when data.tokenizer is ''
+  c.model = model_defaults()
+  c.masking = masking_defaults()
+  c.optimizer = optimizer_defaults()
+  c.data = data_defaults()             # mlm_jax/config/data_defaults.py
+  c.train = loop_defaults()
+  c.electra = electra_defaults()       # read when objective='electra'
+
+  # ---- mesh and sharding (mlm_jax/model/sharding.py) ----
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  s = c.sharding = ml_collections.ConfigDict()
+  # logical axis -> mesh axis (or tuple of axes, or None = replicated). MaxText-style rules.
+  s.rules = (
+      ("batch", ("data", "fsdp")),
+      ("vocab", "tensor"),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("mlp", "tensor"),
+      ("norm", None),
+      ("positions", None),
+      ("layers", None),
+  )
+  return c

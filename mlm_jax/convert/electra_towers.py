@@ -1,0 +1,182 @@
+"""ELECTRA pair <-> transformers: the discriminator as `ElectraForPreTraining`, the generator as
+`ElectraForMaskedLM`.
+
+`to_hf(workdir, out)` writes OUT/discriminator and OUT/generator, each a complete transformers folder
+(config.json, model.safetensors, tokenizer files); the shared embedding tables, and the shared
+embedding LayerNorm (`electra.share_embedding_norm`), are written into both (transformers' two
+models each own a copy). The Transformer layers and embeddings use the BERT rows
+of hf.mapping under the `electra.` prefix; only the embedding projection and the two heads are
+ELECTRA's own. The other direction (`params_from_hf`) reads either folder back as one Encoder: the
+generator with its MLM head (fill_mask), the discriminator without (fine-tuning starts from it);
+a tower read back owns its embedding LayerNorm, as any Encoder does.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping
+
+import jax
+import ml_collections
+import numpy as np
+
+from mlm_jax.workdir import checkpoints as ckpt_lib
+from mlm_jax.model import scan_layout
+from mlm_jax.workdir import files as workdir_lib
+from mlm_jax.convert import bert as hf, tokenizer_files as hf_tokenizer
+from mlm_jax.errors import ConversionError
+from mlm_jax.objectives import electra_model as electra_pair
+from mlm_jax.model.tree_paths import path_name
+
+ARCH = "electra"   # transformers' model_type
+DISCRIMINATOR, GENERATOR = "ElectraForPreTraining", "ElectraForMaskedLM"
+
+
+def _check_model(cfg: ml_collections.ConfigDict) -> None:
+  if cfg.positions != "learned" or cfg.norm != "post" or cfg.mlp != "gelu":
+    raise ConversionError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no ELECTRA "
+                          "equivalent in transformers: expected learned / post / gelu")
+  if cfg.position_offset != 0:
+    raise ConversionError(f"model.position_offset={cfg.position_offset}: transformers' ELECTRA numbers "
+                          "positions from 0 (train with --config.model.position_offset=0)")
+
+
+def mapping(cfg: ml_collections.ConfigDict, kind: str) -> list:
+  """(our path, HF name, hf->ours, ours->hf) for one tower: `kind` is DISCRIMINATOR or GENERATOR.
+
+  Our discriminator paths are those of the Encoder plus `rtd_head.*` (the pair's head)."""
+  from mlm_jax.model.encoder import embedding_size
+  ident = lambda x: x
+  t = lambda x: x.T
+  bert = ml_collections.ConfigDict(cfg.to_dict())
+  bert.use_pooler = False
+  rows = [(ours, "electra." + theirs[len("bert."):], a, b) for ours, theirs, a, b in hf.mapping(bert, "bert")
+          if theirs.startswith("bert.")]
+  if embedding_size(cfg) != cfg.hidden_size:
+    rows += [("embeddings_project_kernel", "electra.embeddings_project.weight", t, t),
+             ("embeddings_project_bias", "electra.embeddings_project.bias", ident, ident)]
+  if kind == GENERATOR:
+    rows += [("head_kernel", "generator_predictions.dense.weight", t, t),
+             ("head_bias", "generator_predictions.dense.bias", ident, ident),
+             ("head_norm.scale", "generator_predictions.LayerNorm.weight", ident, ident),
+             ("head_norm.bias", "generator_predictions.LayerNorm.bias", ident, ident),
+             ("decoder_bias", "generator_lm_head.bias", ident, ident)]
+  else:
+    rows += [("rtd_head.dense_kernel", "discriminator_predictions.dense.weight", t, t),
+             ("rtd_head.dense_bias", "discriminator_predictions.dense.bias", ident, ident),
+             ("rtd_head.out_kernel", "discriminator_predictions.dense_prediction.weight", lambda w: w.reshape(-1),
+              lambda k: k.reshape(1, -1)),
+             ("rtd_head.out_bias", "discriminator_predictions.dense_prediction.bias", lambda b: b.reshape(()),
+              lambda b: b.reshape(1))]
+  return rows
+
+
+def hf_config(cfg: ml_collections.ConfigDict, kind: str, tok) -> dict:
+  """config.json of one tower (our model config `cfg`, with the tokenizer's special ids)."""
+  from mlm_jax.model.encoder import embedding_size
+  _check_model(cfg)
+  return dict(
+      model_type=ARCH, architectures=[kind], vocab_size=cfg.vocab_size, embedding_size=embedding_size(cfg),
+      hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+      intermediate_size=cfg.intermediate_size, hidden_act="gelu", hidden_dropout_prob=cfg.hidden_dropout,
+      attention_probs_dropout_prob=cfg.attention_dropout, max_position_embeddings=cfg.max_position_embeddings,
+      type_vocab_size=max(cfg.type_vocab_size, 1), initializer_range=cfg.initializer_range,
+      layer_norm_eps=cfg.layer_norm_eps, position_embedding_type="absolute", pad_token_id=tok.pad_id,
+      bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, mask_token_id=tok.mask_id, tie_word_embeddings=True,
+      dtype="float32")
+
+
+def tower_flats(params, config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
+  """The pair's params -> {kind: flat unscanned params of that tower}; the shared tables go to both."""
+  flat = hf.flatten(params)
+  towers = {}
+  for kind, prefix, cfg in ((DISCRIMINATOR, "discriminator.", electra_pair.discriminator_config(config)),
+                            (GENERATOR, "generator.", electra_pair.generator_config(config))):
+    own = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    if cfg.scan_layers:
+      own = scan_layout.unscan_flat(own, cfg)
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+      if f"discriminator.{name}" in flat:
+        own[name] = flat[f"discriminator.{name}"]
+    for name in ("embeddings_norm.scale", "embeddings_norm.bias"):   # electra.share_embedding_norm
+      if name not in own and f"discriminator.{name}" in flat:
+        own[name] = flat[f"discriminator.{name}"]
+    if kind == DISCRIMINATOR:
+      own.update({k: v for k, v in flat.items() if k.startswith("rtd_head.")})
+    towers[kind] = own
+  return towers
+
+
+def state_dict(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, kind: str) -> dict[str, np.ndarray]:
+  out = {theirs: np.ascontiguousarray(to_hf(flat[ours]), dtype=np.float32) for ours, theirs, _, to_hf in
+         mapping(cfg, kind)}
+  if cfg.type_vocab_size == 0:   # transformers always has one token type: a zero row changes nothing
+    from mlm_jax.model.encoder import embedding_size
+    out["electra.embeddings.token_type_embeddings.weight"] = np.zeros((1, embedding_size(cfg)), np.float32)
+  return out
+
+
+def restore_pair(workdir: str, step: int | None = None):
+  """(config, pair params on one device, step) of an ELECTRA workdir."""
+  config = workdir_lib.read_config(workdir)
+  _, abstract = electra_pair.abstract_pair(config)
+  params, step = ckpt_lib.restore_params(workdir, ckpt_lib.single_device(abstract), step)
+  return config, params, step
+
+
+def to_hf(workdir: str, out: str, step: int | None = None) -> dict:
+  """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM); `out` is checked
+  by the caller (checkpoint_io.to_hf, through the objective's `to_hf`)."""
+  from safetensors.numpy import save_file
+  config, params, step = restore_pair(workdir, step)
+  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), config.model.vocab_size)
+  cfgs = {DISCRIMINATOR: electra_pair.discriminator_config(config), GENERATOR: electra_pair.generator_config(config)}
+  hcfgs = {kind: hf_config(cfg, kind, tok) for kind, cfg in cfgs.items()}   # every check before writing
+  flats = tower_flats(params, config)
+  files = []
+  for kind, sub in ((DISCRIMINATOR, "discriminator"), (GENERATOR, "generator")):
+    folder = os.path.join(out, sub)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+      json.dump(hcfgs[kind], f, indent=2, sort_keys=True)
+    save_file(state_dict(flats[kind], cfgs[kind], kind), os.path.join(folder, "model.safetensors"),
+              metadata={"format": "pt"})
+    written = ["config.json", "model.safetensors"] + hf_tokenizer.write(
+        tok, folder, model_max_length=cfgs[kind].max_position_embeddings)
+    files += [f"{sub}/{name}" for name in written]
+  return dict(step=step, arch=ARCH, files=files, out=out)
+
+
+def kind_of(hcfg: Mapping) -> str:
+  """GENERATOR or DISCRIMINATOR from an HF ELECTRA config.json (its `architectures`)."""
+  archs = hcfg.get("architectures") or []
+  if GENERATOR in archs:
+    return GENERATOR
+  if DISCRIMINATOR in archs:
+    return DISCRIMINATOR
+  raise ConversionError(f"ELECTRA config.json with architectures={archs}: expected {GENERATOR} (the generator) "
+                        f"or {DISCRIMINATOR} (the discriminator)")
+
+
+def model_config_from_hf(hcfg: Mapping, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Our Encoder config for one HF ELECTRA tower (the discriminator without MLM head)."""
+  cfg = hf.model_config_from_hf(dict(hcfg, model_type="bert"), base)
+  cfg.embedding_size = int(hcfg.get("embedding_size", cfg.hidden_size))
+  cfg.mlm_head = kind_of(hcfg) == GENERATOR
+  return cfg
+
+
+def params_from_hf(sd: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, kind: str, template) -> dict:
+  """HF state dict -> flat params of one tower as `template` (an Encoder's; the discriminator's
+  `rtd_head.*` are returned beside it, under that prefix, when the template has them)."""
+  names = {path_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(template)}
+  flat = {}
+  for ours, theirs, to_ours, _ in mapping(cfg, kind):
+    if ours.startswith("rtd_head.") and ours not in names:
+      continue
+    if theirs not in sd:
+      raise ConversionError(f"HF checkpoint has no tensor {theirs} (needed for {ours})")
+    flat[ours] = to_ours(np.asarray(sd[theirs]))
+  if cfg.get("scan_layers"):
+    flat = scan_layout.scan_flat(flat, cfg)
+  return hf.fill(template, flat)

@@ -1,0 +1,82 @@
+"""The one place that decides a run's input: config + the objective's input kind -> batch iterator.
+
+An objective says which input it needs (`input_kind`); the config says where the text is:
+
+  input kind   data.sources      iterator
+  rows         store:DIR         store/pipeline.py StorePipeline: packed rows, O(1) resume
+  rows         text, TFDS, ...   text/pipeline.py Pipeline: streaming tf.data, resume replays
+  nsp_pairs    store:DIR         store/pairs.py PairPipeline(task='nsp'): one sentence pair a row
+  sop_pairs    store:DIR         store/pairs.py PairPipeline(task='sop')
+
+Every iterator yields this process's rows of each global batch as a dict of numpy int32 arrays
+(input_ids, segment_ids, positions, word_starts; pairs add token_type_ids and sentence_labels),
+and has get_state / set_state / rewind / stats. The text and store modules are imported only for
+the path a run takes: the streaming path costs a TensorFlow import that a store run never needs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mlm_jax.errors import DataError
+
+# input kind -> the sentence-pair task it reads (None: packed rows of documents)
+INPUT_KINDS = {"rows": None, "nsp_pairs": "nsp", "sop_pairs": "sop"}
+
+
+def make_input(config, input_kind: str, tokenizer, split: str = "train", *, process_index: int = 0,
+               process_count: int = 1, cache_dir: Optional[str] = None):
+  """This process's rows of each global batch of `config.train.batch_size` rows.
+
+  A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
+  do not depend on the process count; its packing index is cached in `cache_dir` (default: a
+  per-user temporary folder). Streaming text: data.per_host='shard' (default) has each process
+  read its own disjoint part of the corpus (scales to any corpus and host count); 'slice' has each
+  read the whole stream and keep its rows, so the global batches are identical for any process
+  count (small corpora, reproducibility tests).
+
+  Args:
+    config: the run's config (reads `data`, `train.batch_size`, `seed`).
+    input_kind: one of INPUT_KINDS, from the objective.
+    tokenizer: the run's Tokenizer (the streaming path tokenizes with it; a store carries its own).
+    split: 'train' or 'eval'.
+  """
+  if input_kind not in INPUT_KINDS:
+    raise DataError(f"input kind {input_kind!r}: expected one of {sorted(INPUT_KINDS)}")
+  local = config.train.batch_size // process_count
+  task = INPUT_KINDS[input_kind]
+  if task is not None:
+    from mlm_jax.data.store import pairs
+    return pairs.PairPipeline(config.data, task, local, config.seed, process_index, process_count, split,
+                              cache_dir=cache_dir)
+  from mlm_jax.data.store import loader as store_pipeline
+  if store_pipeline.is_store(config.data):
+    return store_pipeline.StorePipeline(config.data, local, config.seed, process_index, process_count, split,
+                                        cache_dir=cache_dir)
+  from mlm_jax.data.text import stream as text_pipeline
+  if config.data.per_host == "slice":
+    whole = text_pipeline.Pipeline(config.data, tokenizer, config.train.batch_size, seed=config.seed, split=split)
+    return RowSlice(whole, process_index * local, local)
+  return text_pipeline.Pipeline(config.data, tokenizer, local, seed=config.seed, process_index=process_index,
+                                process_count=process_count, split=split)
+
+
+class RowSlice:
+  """Every process reads the whole global batch and keeps its rows (data.per_host='slice')."""
+
+  def __init__(self, pipeline, start: int, size: int):
+    self.pipeline, self.start, self.size = pipeline, start, size
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return {k: v[self.start:self.start + self.size] for k, v in next(self.pipeline).items()}
+
+  def rewind(self):
+    self.pipeline.rewind()
+
+  def get_state(self):
+    return self.pipeline.get_state()
+
+  def set_state(self, state):
+    self.pipeline.set_state(state)

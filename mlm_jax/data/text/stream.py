@@ -1,0 +1,333 @@
+"""tf.data pipeline: documents -> tokenizer -> packed rows -> mixed, batched, resumable.
+
+Public interface:
+
+  Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
+           split='train')
+    data_config: `config.data` (see mlm_jax/config/data_defaults.py); tokenizer: a `Tokenizer` or a
+    path `tokenizers.load.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
+    shape [batch_size, seq_len]:
+      input_ids    tokens; padding = tokenizer.pad_id
+      segment_ids  0 on padding; segmented: documents of a row numbered 1, 2, ...; concat: 1
+      positions    segmented: 0.. restarting at each document; concat: 0..seq_len-1; 0 on padding
+      word_starts  1 on a piece that starts a word (`Tokenizer.word_start_table`: '▁' for
+                   sentencepiece, no '##' for WordPiece, 'Ġ' for byte-level BPE), on every special
+                   token and on the first token of a document (of a chunk of a split document, of
+                   a concat row); else 0
+    Every document (or chunk of at most seq_len-2 tokens of a longer one) is wrapped in BOS/EOS.
+    split='train': sources repeated forever, shuffled with `seed`, mixed with p_i ∝ n_i^alpha.
+    split='eval': `eval_sources` (or the hash-held-out `eval_percent` % of `sources`), in order,
+    once; the last batch is filled up with padding rows, so shapes never change.
+    get_state() -> {'batches': int, ...} (small, JSON-able); set_state(state) resumes so the
+    following batches are exactly those an uninterrupted run would have produced.
+    stats() -> counts of skipped / repaired input.
+
+  build_dataset(...) -> tf.data.Dataset of those batches (optionally with a per-row `source`
+    index), for tools and tests.
+
+Tokenization is one call per batch of `tokenize_batch` documents: in-graph tensorflow_text for
+sentencepiece, Hugging Face `tokenizers` in a `tf.numpy_function` for WordPiece and byte-level BPE
+(mlm_jax/data/tokenizers/hf_tokenizers.py says why).
+
+Packing into rows (segmented best fit or next fit, concat) is packing.py's.
+
+Resume works by replaying: the stream is a pure function of (config, seed, host), so the
+restored iterator skips the `batches` already consumed inside tf.data (C++, no Python per
+batch), at the pipeline's own speed. That keeps the checkpointed state a few bytes instead of
+megabytes of shuffle buffers, at the cost of restore time proportional to the run so far.
+"""
+import atexit
+import hashlib
+import json
+import logging
+import weakref
+from typing import Optional, Sequence, Union
+
+import tensorflow as tf
+
+from mlm_jax.config import choices
+from mlm_jax.data import specs
+from mlm_jax.data.specs import mixing_weights
+from mlm_jax.data.text import packing
+from mlm_jax.data.text import sources as sources_lib
+from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.tokenizers import load as tokenizer_load
+
+FEATURES = packing.FEATURES
+_AUTOTUNE = tf.data.AUTOTUNE
+
+
+def _seed(seed: int, *salt: int) -> int:
+  """A derived op seed: distinct per use, stable across runs (tf.data seeds are int64)."""
+  h = hashlib.sha256(repr((int(seed),) + tuple(int(s) for s in salt)).encode()).digest()
+  return int.from_bytes(h[:4], "little") & 0x7FFFFFFF
+
+
+def _doc_batches(docs: tf.data.Dataset, pretokenized: bool, tokenize, tokenize_batch: int):
+  """Documents -> (batches of documents, batch -> ragged int32 ids).
+
+  Tokenization runs inside the packer's first parallel map, one tokenizer call per batch:
+  every separate tf.data stage costs per-element overhead that shows on small CPUs.
+  """
+  if pretokenized:
+    return docs.ragged_batch(tokenize_batch), lambda r: r
+  return docs.batch(tokenize_batch), tokenize
+
+
+def _source_sizes(srcs, overrides: Sequence[str]) -> list:
+  given = {}
+  for item in overrides:
+    name, value = specs.split_named(item)
+    try:
+      given[name] = float(value)
+    except ValueError:
+      raise sources_lib.DataError(f"data.source_sizes entry {item!r}: expected name=number") from None
+  unknown = set(given) - {s.name for s in srcs}
+  if unknown:
+    raise sources_lib.DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
+  return [given[s.name] if s.name in given else s.size() for s in srcs]
+
+
+def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, seed: int,
+                  process_index: int = 0, process_count: int = 1, split: str = "train",
+                  stats: Optional[sources_lib.Stats] = None, with_source: bool = False,
+                  repeat: Optional[bool] = None, fit: Optional[str] = None) -> tf.data.Dataset:
+  """The batched tf.data.Dataset behind `Pipeline` (no prefetch; options applied).
+
+  `repeat=False` on the train split gives exactly one epoch of every source (tests, tools),
+  ending like eval with the last partial row flushed and the last batch filled with padding.
+  `fit`: the segmented packing's fit, if not `data.packing_fit` (absent: 'next', see packing_fit).
+  """
+  c = data_config
+  if split not in ("train", "eval"):
+    raise sources_lib.DataError(f"split={split!r}: expected 'train' or 'eval'")
+  choices.check("data.packing", c.packing)
+  fit = fit or packing_fit(c)
+  choices.check("data.packing_fit", fit)
+  window = int(c.get("packing_window", 256))
+  if window < 1:
+    raise sources_lib.DataError(f"data.packing_window={window}: need at least 1 open row")
+  if batch_size < 1:
+    raise sources_lib.DataError(f"batch_size={batch_size}: must be >= 1 per host")
+  train = split == "train"
+  repeat = train if repeat is None else repeat
+  entries = tuple(c.sources) if train or not c.eval_sources else tuple(c.eval_sources)
+  if not entries:
+    raise sources_lib.DataError(f"no data sources configured for split {split!r} "
+                                "(set config.data.sources)")
+  srcs = sources_lib.parse_sources(entries, c.tfds_data_dir)
+  holdout = ""
+  if not c.eval_sources and c.eval_percent > 0:
+    holdout = split
+  elif not train and not c.eval_sources:
+    raise sources_lib.DataError("eval split needs data.eval_sources or data.eval_percent > 0")
+
+  if stats is None:  # long lines are cut (and strict applies) whether or not anyone counts
+    stats = new_stats(c)
+  tokenize = tok.tf_tokenize()
+  npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
+  packer = packing.Packer(tok, c.seq_len, stats, npc)
+  rows = []
+  for i, src in enumerate(srcs):
+    docs = src.documents(
+        process_index=process_index, process_count=process_count, doc_format=c.doc_format,
+        shuffle_seed=_seed(seed, 1, i, process_index) if (train and c.shuffle_files) else None,
+        repeat=repeat, holdout=holdout, eval_percent=c.eval_percent, stats=stats,
+        num_parallel_reads=c.num_parallel_reads)
+    if train and c.shuffle_buffer > 0:
+      docs = docs.shuffle(c.shuffle_buffer, seed=_seed(seed, 2, i, process_index),
+                          reshuffle_each_iteration=True)
+    doc_batches, to_ids = _doc_batches(docs, src.tokenized, tokenize, c.tokenize_batch)
+    if c.packing == "concat":
+      r = packer.concat(doc_batches, to_ids, finite=not repeat)
+    elif fit == "best":
+      r = packer.segmented_best(doc_batches, to_ids, finite=not repeat, window=window)
+    else:
+      r = packer.segmented(doc_batches, to_ids, finite=not repeat)
+    if with_source:
+      r = r.map(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32)))
+    rows.append(r)
+
+  if len(rows) == 1:
+    mixed = rows[0]
+  elif train and repeat:
+    weights = mixing_weights(_source_sizes(srcs, c.source_sizes), c.mix_alpha)
+    logging.info("data: mixing %s", {s.name: round(w, 4) for s, w in zip(srcs, weights)})
+    mixed = tf.data.Dataset.sample_from_datasets(rows, weights=weights, seed=_seed(seed, 3),
+                                                 stop_on_empty_dataset=False)
+  else:  # one pass over everything, in source order
+    mixed = rows[0]
+    for r in rows[1:]:
+      mixed = mixed.concatenate(r)
+
+  return _batched(mixed, batch_size, c, tok.pad_id, repeat)
+
+
+def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) -> tf.data.Dataset:
+  """Rows -> batches of static shape, with the pipeline's tf.data options. A finite stream keeps
+  its last rows, filled up with padding rows to a full batch."""
+  if repeat:
+    batches = rows.batch(batch_size, drop_remainder=True)
+  else:
+    def fill_up(b):
+      n = batch_size - tf.shape(b["input_ids"])[0]
+      return {k: tf.pad(v, [[0, n]] + [[0, 0]] * (len(v.shape) - 1),
+                        constant_values=pad if k == "input_ids" else 0) for k, v in b.items()}
+    batches = rows.batch(batch_size).map(fill_up)
+  shape = [batch_size, c.seq_len]
+  batches = batches.map(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)]) for k, v in b.items()})
+
+  options = tf.data.Options()
+  options.deterministic = True
+  options.threading.max_intra_op_parallelism = 1
+  if c.threads > 0:
+    options.threading.private_threadpool_size = c.threads
+  return batches.with_options(options)
+
+
+def packing_fit(data_config) -> str:
+  """data.packing_fit; a config without it (written before best-fit packing) reads as 'next'."""
+  return data_config.get("packing_fit", "next")
+
+
+def new_stats(data_config) -> sources_lib.Stats:
+  """Repair counters with the config's policy (`data.strict`, `data.max_line_bytes`)."""
+  limit = data_config.get("max_line_bytes", 1 << 16)
+  if limit < 1024:
+    raise sources_lib.DataError(f"data.max_line_bytes={limit}: need at least 1024")
+  return sources_lib.Stats(strict=data_config.get("strict", False), max_line_bytes=limit)
+
+
+def thread_settings(data_config) -> dict:
+  """The tf.data threading in effect, for logs and benchmarks."""
+  return dict(private_threadpool_size=data_config.threads or "tf-default",
+              max_intra_op_parallelism=1,
+              num_parallel_calls=data_config.num_parallel_calls if
+              data_config.num_parallel_calls > 0 else "autotune",
+              num_parallel_reads=data_config.num_parallel_reads,
+              tokenize_batch=data_config.tokenize_batch, prefetch=data_config.prefetch,
+              tf_inter_op=tf.config.threading.get_inter_op_parallelism_threads(),
+              tf_intra_op=tf.config.threading.get_intra_op_parallelism_threads())
+
+
+_LIVE = weakref.WeakSet()   # Pipelines with a running iterator, stopped before interpreter shutdown
+
+
+@atexit.register
+def _close_all() -> None:
+  for p in list(_LIVE):
+    p.close()
+
+
+def _input_error(message: str) -> str:
+  """A strict-mode assertion or a check_gzip DataError, raised inside tf.data -> one line."""
+  text = " ".join(message.split())
+  for marker in ("assertion failed: ", "DataError: "):
+    if marker in text:
+      text = text.split(marker, 1)[1]
+  text = text.split(" [[")[0].split(" {{node")[0].split(" [Op:")[0]
+  return text.replace("[", "").replace("]", "").strip()[:500]
+
+
+class Pipeline:
+  """Iterator of host-local batches with an exact, tiny resumable state. See module docstring."""
+
+  def __init__(self, data_config, tokenizer: Union[tokenizer_lib.Tokenizer, str],
+               batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
+               split: str = "train"):
+    self.tokenizer = (tokenizer_load.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
+    self.config = data_config
+    self.batch_size, self.seed, self.split = batch_size, seed, split
+    self.process_index, self.process_count = process_index, process_count
+    self._stats = new_stats(data_config)
+    self.fit = packing_fit(data_config)
+    self._dataset = build_dataset(data_config, self.tokenizer, batch_size, seed, process_index,
+                                  process_count, split, stats=self._stats, fit=self.fit)
+    self._batches = 0
+    self._iterator = None
+
+  @property
+  def dataset(self) -> tf.data.Dataset:
+    return self._dataset
+
+  def _fingerprint(self) -> str:
+    return self._fingerprints(self.fit)[0]
+
+  def _fingerprints(self, fit: Optional[str]) -> tuple:
+    """Fingerprints of this stream packed with `fit` (None: as before data.packing_fit existed,
+    i.e. next-fit): (with the tokenizer's sha256, without it as checkpoints written before that
+    carry: vocabulary size only), so that those still resume."""
+    c = self.config
+    key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources),
+               eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
+               mix_alpha=c.mix_alpha, source_sizes=list(c.source_sizes),
+               shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files,
+               seq_len=c.seq_len, tokenize_batch=c.tokenize_batch,
+               vocab_size=self.tokenizer.vocab_size)
+    if fit is not None:
+      key["packing_fit"] = fit
+      if fit == "best":
+        key["packing_window"] = int(c.get("packing_window", 256))
+    digest = lambda k: hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16]
+    return digest(dict(key, tokenizer=self.tokenizer.sha256)), digest(key)
+
+  def _start(self, skip: int):
+    ds = self._dataset.skip(skip) if skip else self._dataset
+    self._iterator = ds.prefetch(max(self.config.prefetch, 1)).as_numpy_iterator()
+    _LIVE.add(self)
+
+  def close(self) -> None:
+    """Stop the tf.data iterator (its threads): Python stages (best-fit packing, Hugging Face
+    tokenizers run in numpy_function) must not be running while the interpreter shuts down, where
+    they wait for a GIL that is never handed over again."""
+    self._iterator = None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._iterator is None:
+      self._start(self._batches)
+    try:
+      batch = next(self._iterator)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
+      raise sources_lib.DataError(_input_error(e.message)) from None
+    self._batches += 1
+    return batch
+
+  def rewind(self) -> None:
+    """Back to the first batch, without building the dataset again (evaluation reads it repeatedly)."""
+    self._batches, self._iterator = 0, None
+
+  def get_state(self) -> dict:
+    return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
+                batch_size=self.batch_size, process_index=self.process_index,
+                process_count=self.process_count, fingerprint=self._fingerprint())
+
+  def set_state(self, state: dict) -> None:
+    """Continue after `state['batches']` batches of the same stream (checked by fingerprint).
+
+    A state saved before data.packing_fit existed continues with next-fit packing, the rows it
+    started on, whatever the config's default now says."""
+    saved = state.get("fingerprint")
+    if saved in self._fingerprints(None) and self.fit != "next":
+      logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
+                      "packing, the rows this run started on (a new run packs by best-fit)")
+      self.fit = "next"
+      self._dataset = build_dataset(self.config, self.tokenizer, self.batch_size, self.seed,
+                                    self.process_index, self.process_count, self.split,
+                                    stats=self._stats, fit=self.fit)
+    mine = self.get_state()
+    if saved in self._fingerprints(self.fit)[1:] + (self._fingerprints(None) if self.fit == "next" else ()):
+      mine["fingerprint"] = saved
+    for key in ("seed", "split", "batch_size", "process_index", "process_count", "fingerprint"):
+      if key in state and state[key] != mine[key]:
+        what = "the data config" if key == "fingerprint" else key
+        raise sources_lib.DataError(
+            f"cannot resume data iterator: {what} differs from the checkpoint "
+            f"({state[key]!r} saved, {mine[key]!r} now), so the same batches cannot be replayed")
+    self._batches = int(state["batches"])
+    self._start(self._batches)
+
+  def stats(self) -> dict:
+    return self._stats.as_dict()

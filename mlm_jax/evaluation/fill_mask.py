@@ -1,0 +1,146 @@
+"""A trained encoder plus its tokenizer, ready to predict masked tokens (tools/fill_mask.py).
+
+Two sources give the same object: a training workdir (or a `from_hf` output folder), restored
+onto one device whatever mesh wrote it, and a Hugging Face transformers folder, converted in
+memory with `convert.hf.params_from_hf` and run by our JAX model - not by torch - so the tool
+checks the conversion as much as it shows predictions.
+
+Text is tokenized as the training pipeline does: BOS + pieces + EOS, and each mask token string
+becomes the mask id. The text is split on the mask string and the parts are encoded separately,
+which is also how the exported HF tokenizer treats its added mask token (convert/hf_tokenizer.py),
+so both give the same ids.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import ml_collections
+
+from mlm_jax.workdir import files as workdir_lib
+from mlm_jax.convert import folders as cio
+from mlm_jax.errors import UserError
+from mlm_jax.data.tokenizers import base as tok_lib
+from mlm_jax.objectives import registry
+
+# Accepted in text for any layout, besides the tokenizer's own mask piece ("[MASK]" for BERT).
+MASK_STRING = "<mask>"
+
+
+@dataclasses.dataclass
+class MaskedLM:
+  model: object                      # mlm_jax.model.encoder.Encoder holding the parameters
+  tokenizer: tok_lib.Tokenizer
+  model_config: ml_collections.ConfigDict
+  source: str                        # what was loaded, for messages
+
+
+def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
+  """The run's masked LM: the tower its objective names (ELECTRA: the generator), from the latest or `step`."""
+  config = workdir_lib.read_config(workdir)
+  objective = registry.for_config(config)
+  path, mcfg = objective.masked_lm(config)
+  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  if not path:
+    _refuse_discriminator(mcfg, workdir)
+    graphdef, params, step = workdir_lib.restore_model(workdir, mcfg, step)
+    from flax import nnx
+    return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
+  module, step = workdir_lib.restore_objective_model(workdir, config, step)
+  for name in path.split("."):
+    module = getattr(module, name)
+  return MaskedLM(module, tok, mcfg, f"{workdir} ({objective.__name__} {path}, step {step})")
+
+
+def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
+  if not mcfg.get("mlm_head", True):
+    raise UserError(f"{where} is an ELECTRA discriminator: it tells replaced tokens from original ones and has no "
+                    "MLM head to fill masks; use the generator (to_hf's OUT/generator, or the ELECTRA run's workdir)")
+
+
+def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
+  """An HF folder run by our model; its tokenizer is the folder's (`tokenizer.load`), or `tokenizer`."""
+  from flax import nnx
+  hcfg = cio.read_hf_config(hf_dir)
+  mcfg = cio.model_config(hcfg)
+  _refuse_discriminator(mcfg, hf_dir)
+  if tokenizer:
+    tok = workdir_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
+  else:
+    tok = cio.folder_tokenizer(hf_dir)
+    if tok is None:
+      raise cio.ConversionError(f"{hf_dir}: missing tokenizer (no {cio.hf_tokenizer.SPM_FILE}, "
+                                "sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json); "
+                                "pass --tokenizer=PATH")
+    if tok.vocab_size != mcfg.vocab_size:
+      raise cio.ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} "
+                                f"but its tokenizer has {tok.vocab_size} pieces")
+  sd, _ = cio.read_hf_weights(hf_dir)
+  graphdef, params, fresh_head = cio.params_from_state_dict(sd, mcfg, hcfg["model_type"])
+  if fresh_head:
+    raise cio.ConversionError(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
+                              "one; continue pretraining from it first (--config.init_from)")
+  return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
+
+
+def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], list[int]]:
+  """(ids with BOS/EOS, indices of the mask tokens); raises ValueError when the text has no mask."""
+  strings = sorted({MASK_STRING, tok.mask_token}, key=len, reverse=True)
+  parts = re.split("|".join(re.escape(s) for s in strings), text)
+  if len(parts) == 1:
+    raise UserError(f"no mask token in {text!r}: write {' or '.join(repr(s) for s in strings)} where a "
+                    "token should be predicted")
+  ids, masks = [tok.bos_id], []
+  for i, part in enumerate(parts):
+    if i:
+      masks.append(len(ids))
+      ids.append(tok.mask_id)
+    if tok.mask_takes_left_space and i < len(parts) - 1:
+      part = part.rstrip()   # RoBERTa's <mask> takes the space before it (lstrip), as HF encodes it
+    ids += tok.encode(part)
+  ids.append(tok.eos_id)
+  return ids, masks
+
+
+def fill_mask(lm: MaskedLM, text: str, top_k: int = 5) -> dict:
+  """{'text', 'ids', 'masks': [{'position', 'predictions': [{'token', 'piece', 'id', 'probability'}]}]}."""
+  tok, cfg = lm.tokenizer, lm.model_config
+  ids, masks = encode_with_masks(tok, text)
+  limit = cfg.max_position_embeddings - cfg.position_offset if cfg.positions == "learned" else None
+  if limit is not None and len(ids) > limit:
+    raise UserError(f"text is {len(ids)} tokens long; the model takes at most {limit}")
+  x = jnp.asarray([ids], jnp.int32)
+  hidden = lm.model(x, jnp.ones_like(x), jnp.arange(len(ids), dtype=jnp.int32)[None], None)
+  logits = lm.model.mlm_logits(hidden[0, jnp.asarray(masks)])
+  probs = np.asarray(jax.device_get(jax.nn.softmax(logits.astype(jnp.float32), axis=-1)))
+  k = max(1, min(int(top_k), probs.shape[-1]))
+  out = []
+  for pos, p in zip(masks, probs):
+    best = np.argsort(-p, kind="stable")[:k]
+    out.append(dict(position=pos, predictions=[
+        dict(token=tok.decode([int(i)]), piece=tok.id_to_piece(int(i)), id=int(i), probability=float(p[i]))
+        for i in best]))
+  return dict(text=text, ids=ids, masks=out)
+
+
+def add_source_flags(parser) -> None:
+  """The tools' flags naming a model to load: --workdir or --hf_dir (one of them), --step, --tokenizer."""
+  src = parser.add_mutually_exclusive_group(required=True)
+  src.add_argument("--workdir", help="training workdir (or a from_hf output folder)")
+  src.add_argument("--hf_dir", help="transformers BERT / RoBERTa / XLM-R masked-LM folder, run by our model")
+  parser.add_argument("--step", type=int, default=None, help="checkpoint step of --workdir (default: the latest)")
+  parser.add_argument("--tokenizer", default=None,
+                      help="tokenizer (.model, tokenizer.json, vocab.txt or a folder) for an --hf_dir without one")
+
+
+def load(workdir: str | None = None, hf_dir: str | None = None, step: int | None = None,
+         tokenizer: str | None = None) -> MaskedLM:
+  if bool(workdir) == bool(hf_dir):
+    raise UserError("give exactly one of --workdir or --hf_dir")
+  if workdir:
+    return from_workdir(workdir, step)
+  return from_hf_dir(hf_dir, tokenizer)
+

@@ -1,0 +1,167 @@
+"""Linear probes of the frozen encoder during pretraining: is it learning features a task can use?
+
+A held-out MLM loss says how well the model predicts tokens, not whether its representations are
+useful (docs/objectives.md's ELECTRA run collapsed them while its loss looked fine). Every
+`train.probe_every` steps the loop runs the encoder, without dropout, over a fixed sample of each
+task in `train.probe_tasks`, fits a linear classifier on the host and logs its held-out score as
+`probe/<task>`; `probe/token_cosine` is the mean cosine similarity between the last layer's token
+vectors within a sentence (near 1 when the representations have collapsed).
+
+Features: the mean over a sentence's real tokens for a sentence task; the vector of each word's
+first piece for a token task (the same positions fine-tuning labels). The classifier is ridge
+regression onto one-hot labels over standardized features, solved in closed form: deterministic,
+no learning rate to tune, and milliseconds for the few thousand examples a probe uses, so a probe
+costs about one forward pass over its examples. Its scores are comparable across the steps of one
+run (same examples, same classifier), not an estimate of fine-tuned quality: the downstream suite
+(`python -m mlm_jax.downstream`) is that.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import numpy as np
+
+HiddenFn = Callable[[dict], np.ndarray]   # a batch of task arrays -> [rows, seq, hidden] last-layer vectors
+
+# The ridge penalty relative to the (unit) variance of each standardized feature. Fixed, because a
+# probe's scores are compared across the steps of a run, not tuned per step.
+RIDGE = 1e-2
+
+
+@dataclasses.dataclass
+class ProbeTask:
+  """A task sample for probing: its arrays (tasks/features.py) and the scorer of its predictions."""
+  name: str
+  kind: str                                   # classification | token
+  num_labels: int
+  train: dict
+  eval: dict
+  score: Callable[[np.ndarray], float]        # [eval rows, labels] or [rows, seq, labels] scores -> metric
+
+
+def fit_ridge(x: np.ndarray, y: np.ndarray, num_labels: int, ridge: float = RIDGE):
+  """(mean, std, weights [d+1, labels]) of a ridge classifier of labels y [n] from features x [n, d]."""
+  mean, std = x.mean(0), x.std(0) + 1e-6
+  z = np.concatenate([(x - mean) / std, np.ones((len(x), 1), x.dtype)], axis=1).astype(np.float64)
+  target = np.eye(num_labels)[y] - 1.0 / num_labels
+  penalty = ridge * len(x) * np.eye(z.shape[1])
+  penalty[-1, -1] = 0.0   # the intercept is not shrunk
+  return mean, std, np.linalg.solve(z.T @ z + penalty, z.T @ target)
+
+
+def predict_ridge(model, x: np.ndarray) -> np.ndarray:
+  mean, std, w = model
+  z = np.concatenate([(x - mean) / std, np.ones((len(x), 1), x.dtype)], axis=1)
+  return z @ w
+
+
+def pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """Mean of each row's vectors where mask is set: [rows, seq, h], [rows, seq] -> [rows, h]."""
+  m = mask.astype(hidden.dtype)[..., None]
+  return (hidden * m).sum(1) / np.maximum(m.sum(1), 1.0)
+
+
+def token_cosine(hidden: np.ndarray, mask: np.ndarray) -> float:
+  """Mean over rows of the mean cosine between distinct real-token vectors of the row.
+
+  For n unit vectors u_i, the sum over ordered pairs i != j of u_i.u_j is |sum u|^2 - n.
+  """
+  u = hidden / np.maximum(np.linalg.norm(hidden, axis=-1, keepdims=True), 1e-12)
+  u = u * mask[..., None]
+  n = mask.sum(1).astype(np.float64)
+  keep = n >= 2
+  if not keep.any():
+    return float("nan")
+  total = np.square(u.sum(1)).sum(-1) - n
+  return float(np.mean(total[keep] / (n[keep] * (n[keep] - 1))))
+
+
+def _hidden(hidden_fn: HiddenFn, arrays: dict, batch_size: int) -> np.ndarray:
+  rows = len(arrays["input_ids"])
+  out = []
+  for i in range(0, rows, batch_size):
+    part = {k: v[i:i + batch_size] for k, v in arrays.items()}
+    n = len(part["input_ids"])
+    if n < batch_size:   # a fixed batch shape: one compiled forward pass for every probe
+      part = {k: np.concatenate([v, np.zeros((batch_size - n,) + v.shape[1:], v.dtype)]) for k, v in part.items()}
+    out.append(np.asarray(hidden_fn(part), np.float32)[:n])
+  return np.concatenate(out)
+
+
+def _examples(task: ProbeTask, arrays: dict, hidden: np.ndarray):
+  """(features, labels) of a split: one per sentence, or one per labeled first piece."""
+  if task.kind == "token":
+    where = arrays["labels"] >= 0
+    return hidden[where], arrays["labels"][where]
+  return pooled(hidden, arrays["segment_ids"] > 0), arrays["label"]
+
+
+def run_task(task: ProbeTask, hidden_fn: HiddenFn, batch_size: int) -> tuple[float, np.ndarray]:
+  """(held-out score, the eval split's last-layer vectors) of one probe."""
+  train_h = _hidden(hidden_fn, task.train, batch_size)
+  eval_h = _hidden(hidden_fn, task.eval, batch_size)
+  model = fit_ridge(*_examples(task, task.train, train_h), task.num_labels)
+  if task.kind == "token":
+    scores = predict_ridge(model, eval_h.reshape(-1, eval_h.shape[-1])).reshape(eval_h.shape[:2] + (-1,))
+  else:
+    scores = predict_ridge(model, pooled(eval_h, task.eval["segment_ids"] > 0))
+  return float(task.score(scores)), eval_h
+
+
+# Scored as: macro-F1 for sentences (accuracy flatters a probe on unbalanced classes: sms_spam is
+# 87% ham), entity F1 for token tasks (token_accuracy for tags that are not IOB, e.g. POS).
+DEFAULT_METRIC = dict(classification="macro_f1", token="f1")
+
+
+def from_task_config(name: str, task_cfg, tok, seq_len: int, type_vocab_size: int,
+                     max_train: int, max_eval: int, metric: str = "") -> ProbeTask:
+  """A probe sample of a fine-tuning task (configs/finetune/*.py's `task` section): a fixed random
+  `max_train` / `max_eval` examples (the fine-tuning reader's sample), scored by `metric`."""
+  from mlm_jax.tasks import task as task_lib
+  if task_cfg.kind not in ("classification", "token"):
+    raise ValueError(f"probe task {name!r}: kind {task_cfg.kind!r} cannot be probed (classification or token)")
+  cfg = task_cfg.copy_and_resolve_references()
+  cfg.max_train_examples, cfg.max_eval_examples = int(max_train), int(max_eval)
+  t = task_lib.build(cfg, tok, seq_len, type_vocab_size)
+  metric = metric or DEFAULT_METRIC[t.kind]
+  return ProbeTask(name=name, kind=t.kind, num_labels=t.num_labels, train=t.train, eval=t.eval,
+                   score=lambda scores: t.score(scores)[0][metric])
+
+
+def from_suite(names, tok, seq_len: int, type_vocab_size: int, max_train: int, max_eval: int) -> list[ProbeTask]:
+  """Probe samples of downstream suite tasks by name (mlm_jax/finetuning/suite.py), read with their fast
+  fine-tuning configs and scored by the suite's metric, at most `seq_len` tokens a row."""
+  from mlm_jax.errors import ConfigError
+  from mlm_jax.finetuning import suite
+  out = []
+  for name in names:
+    if name not in suite.BY_NAME:
+      raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of {', '.join(suite.BY_NAME)})")
+    task = suite.BY_NAME[name]
+    cfg = suite.load_config(task, "fast", suite.data_dir())
+    if cfg.task.kind not in DEFAULT_METRIC:
+      raise ConfigError(f"train.probe_tasks: {name!r} is a {cfg.task.kind} task; a linear probe needs sentence "
+                        f"or token classification ({', '.join(n for n in suite.BY_NAME if n != name)}...)")
+    out.append(from_task_config(name, cfg.task, tok, min(int(cfg.seq_len), seq_len), type_vocab_size,
+                                max_train, max_eval, metric=task.metric))
+  return out
+
+
+class Probes:
+  """The loop's probe evaluator: (hidden_fn) -> {'probe/<task>': score, 'probe/token_cosine': c, ...}."""
+
+  def __init__(self, tasks: list[ProbeTask], batch_size: int):
+    if not tasks:
+      raise ValueError("no probe tasks")
+    self.tasks, self.batch_size = tasks, batch_size
+
+  def __call__(self, hidden_fn: HiddenFn) -> dict:
+    t0, out, cosines = time.perf_counter(), {}, []
+    for task in self.tasks:
+      out[f"probe/{task.name}"], eval_h = run_task(task, hidden_fn, self.batch_size)
+      cosines.append(token_cosine(eval_h, task.eval["segment_ids"] > 0))
+    out["probe/token_cosine"] = float(np.nanmean(cosines))
+    out["probe/seconds"] = time.perf_counter() - t0
+    return out

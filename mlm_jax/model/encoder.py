@@ -1,0 +1,459 @@
+"""The encoder: BERT / RoBERTa / XLM-R in one readable Flax NNX module.
+
+Defaults reproduce the published models exactly (post-LayerNorm, learned absolute positions,
+exact erf GELU, tied MLM decoder with its own bias), so that weights converted from Hugging Face
+give the same hidden states and logits (tests/test_model_hf_parity.py). Modern options (pre-LN,
+rotary positions, GeGLU, alternating local/global attention, scanned layers) are switches in
+`config.model`; the attention kernels (xla, splash, cudnn) live in mlm_jax/model/attention.py.
+
+ModernBERT (transformers' ModernBertForMaskedLM) is the pre-LN variant with the switches of
+MODEL_FIELDS: a LayerNorm on the embeddings and one after the last layer, no linear or LayerNorm
+biases, no attention norm in layer 0 (its input is the normalized embeddings already), rotary
+positions with a local and a global theta, GeGLU, and local/global attention layers.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `norm`,
+`positions`); `config.sharding.rules` maps them to mesh axes (mlm_jax/model/sharding.py).
+
+Dropout takes an explicit key rather than a stateful nnx.Rngs so that the train step stays a pure
+function of (state, batch, key): the same key always gives the same dropout masks, on any mesh.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+import ml_collections
+
+from mlm_jax.model import attention
+from mlm_jax.config import choices
+from mlm_jax.errors import ConfigError
+
+# Structure switches added for ModernBERT. config.json files written before them lack them and mean
+# these values (the models they describe had every bias and norm); workdir.migrate fills them in.
+MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bias=True,
+                    first_layer_attention_norm=True)
+
+
+def final_norm_name(cfg: ml_collections.ConfigDict) -> str | None:
+  """The attribute of the LayerNorm after the last layer: pre-LN only.
+
+  A pre-LN model without an embedding norm keeps it under the historic name `embeddings_norm`, so
+  checkpoints of pre-LN runs written before `model.embedding_norm` existed load unchanged.
+  """
+  if cfg.norm != "pre":
+    return None
+  return "final_norm" if cfg.embedding_norm else "embeddings_norm"
+
+
+def _param(key, shape, names, init: str, std: float, dtype) -> nnx.Param:
+  if init == "normal":
+    value = std * jax.random.normal(key, shape, dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = jnp.zeros(shape, dtype)
+  with nnx.use_eager_sharding(False):
+    return nnx.Param(value, out_sharding=names)
+
+
+def _fmix32(h):
+  """MurmurHash3's 32-bit finalizer: a cheap bijection with full avalanche."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def dropout_bits(key, shape):
+  """Counter-based random bits: a hash of (element index, two seeds drawn from `key`).
+
+  jax.random's threefry costs about 10x more on CPU than the matmuls it guards (dropout made
+  a mini BERT step ~50% slower); a hash of the flat element index is as good for dropout, is
+  fused into the consuming op by XLA, and, like threefry, gives the same bits on any sharding
+  since the index comes from an iota that XLA partitions with the array.
+  """
+  seeds = jax.random.bits(key, (2,), jnp.uint32)
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for dim in reversed(range(len(shape))):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride)
+    stride *= shape[dim]
+  return _fmix32(_fmix32(index * jnp.uint32(0x9E3779B1) + seeds[0]) ^ seeds[1])
+
+
+def dropout(x, rate: float, key):
+  """Inverted dropout; a no-op when `key` is None (evaluation) or the rate is 0."""
+  if key is None or rate <= 0.0:
+    return x
+  keep = dropout_bits(key, x.shape) >= jnp.uint32(min(int(rate * 2.0**32), 2**32 - 1))
+  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x))
+
+
+def gelu(x):
+  """Exact (erf) GELU, as BERT defines it.
+
+  Written with erf rather than jax.nn.gelu(approximate=False), which uses erfc: same values to
+  1e-6 in float32, and XLA's CPU erf is about twice as fast as its erfc (GELU over the FFN
+  activations was ~4% of a mini BERT CPU step).
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(1.0 / math.sqrt(2.0), x.dtype)))
+
+
+class LayerNorm(nnx.Module):
+  """LayerNorm computed in float32 whatever the compute dtype (bf16 variance is too coarse)."""
+
+  def __init__(self, size: int, eps: float, param_dtype, bias: bool = True):
+    self.eps = eps
+    self.scale = _param(None, (size,), ("norm",), "ones", 0.0, param_dtype)
+    self.bias = _param(None, (size,), ("norm",), "zeros", 0.0, param_dtype) if bias else None
+
+  def __call__(self, x):
+    dtype = x.dtype
+    x = x.astype(jnp.float32)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...].astype(jnp.float32)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(jnp.float32)
+    return y.astype(dtype)
+
+
+def _norm(cfg: ml_collections.ConfigDict, param_dtype) -> LayerNorm:
+  return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype, bias=cfg.norm_bias)
+
+
+def _add_bias(y, bias, dtype):
+  """y + bias, or y when the layer has no bias (model.attention_bias / mlp_bias / head_bias off)."""
+  return y if bias is None else y + bias[...].astype(dtype)
+
+
+def rotary(x, positions, theta: float):
+  """Rotary position embedding (RoFormer) on [batch, seq, heads, head_dim], half-split layout."""
+  half = x.shape[-1] // 2
+  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = positions.astype(jnp.float32)[..., None] * freq            # [B, S, half]
+  cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Self-attention over a `window` (0 = global; else |i - j| <= window / 2, with rope_theta_local)."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype, window: int = 0):
+    h, n = cfg.hidden_size, cfg.num_heads
+    d = h // n
+    std = cfg.initializer_range
+    kq, kk, kv, ko = jax.random.split(key, 4)
+    self.q_kernel = _param(kq, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
+    self.k_kernel = _param(kk, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
+    self.v_kernel = _param(kv, (h, n, d), ("embed", "heads", "kv"), "normal", std, param_dtype)
+    self.o_kernel = _param(ko, (n, d, h), ("heads", "kv", "embed"), "normal", std, param_dtype)
+    bias = lambda shape, names: _param(None, shape, names, "zeros", 0.0, param_dtype) if cfg.attention_bias else None
+    self.q_bias = bias((n, d), ("heads", "kv"))
+    self.k_bias = bias((n, d), ("heads", "kv"))
+    self.v_bias = bias((n, d), ("heads", "kv"))
+    self.o_bias = bias((h,), ("norm",))
+    self.rotary = cfg.positions == "rotary"
+    self.window = window
+    self.rope_theta = cfg.rope_theta_local if window else cfg.rope_theta
+    self.dropout_rate = cfg.attention_dropout
+
+  def __call__(self, x, ctx: attention.Context, positions, dtype, key):
+    def proj(kernel, bias):
+      return _add_bias(jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)), bias, dtype)
+
+    q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
+    if self.rotary:
+      q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
+    if key is None or self.dropout_rate <= 0.0:
+      out = attention.fused(q, k, v, ctx, self.window)
+    else:
+      # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
+      # with it, so the training path spells attention out. (Projecting straight to a heads-major
+      # [B, N, S, D] layout was ~3% faster on CPU but ~3.5% slower in XLA's TPU cost model.)
+      logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+      logits = jnp.where(ctx.masks[self.window], logits, jnp.finfo(jnp.float32).min)
+      probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
+      out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
+    return _add_bias(jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)), self.o_bias, dtype)
+
+
+class MLP(nnx.Module):
+  """gelu: wo(GELU(wi x)); geglu: wo(GELU(wi x) * wg x), HF ModernBERT's Wi = [wi; wg] (input, gate)."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
+    h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range
+    ki, kg, ko = jax.random.split(key, 3)
+    self.gated = cfg.mlp == "geglu"
+    bias = lambda size, names: _param(None, (size,), names, "zeros", 0.0, param_dtype) if cfg.mlp_bias else None
+    self.wi_kernel = _param(ki, (h, f), ("embed", "mlp"), "normal", std, param_dtype)
+    self.wi_bias = bias(f, ("mlp",))
+    if self.gated:
+      self.wg_kernel = _param(kg, (h, f), ("embed", "mlp"), "normal", std, param_dtype)
+      self.wg_bias = bias(f, ("mlp",))
+    self.wo_kernel = _param(ko, (f, h), ("mlp", "embed"), "normal", std, param_dtype)
+    self.wo_bias = bias(h, ("norm",))
+
+  def __call__(self, x, dtype):
+    y = gelu(_add_bias(x @ self.wi_kernel[...].astype(dtype), self.wi_bias, dtype))
+    if self.gated:
+      y = y * _add_bias(x @ self.wg_kernel[...].astype(dtype), self.wg_bias, dtype)
+    return _add_bias(y @ self.wo_kernel[...].astype(dtype), self.wo_bias, dtype)
+
+
+class Layer(nnx.Module):
+  """One Transformer block; `norm='post'` is BERT's x = LN(x + f(x)), `pre` is x = x + f(LN(x)).
+
+  `attention_norm=False` (pre-LN only; ModernBERT's layer 0) feeds the attention x itself.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype, window: int = 0, attention_norm: bool = True):
+    ka, km = jax.random.split(key)
+    self.attention = Attention(cfg, ka, param_dtype, window)
+    self.attention_norm = _norm(cfg, param_dtype) if attention_norm else None
+    self.mlp = MLP(cfg, km, param_dtype)
+    self.mlp_norm = _norm(cfg, param_dtype)
+    self.pre_norm = cfg.norm == "pre"
+    self.dropout_rate = cfg.hidden_dropout
+
+  def __call__(self, x, ctx, positions, dtype, key):
+    keys = [None] * 4 if key is None else list(jax.random.split(key, 4))
+    if self.pre_norm:
+      normed = x if self.attention_norm is None else self.attention_norm(x)
+      x = x + dropout(self.attention(normed, ctx, positions, dtype, keys[0]), self.dropout_rate, keys[1])
+      return x + dropout(self.mlp(self.mlp_norm(x), dtype), self.dropout_rate, keys[2])
+    x = self.attention_norm(
+        x + dropout(self.attention(x, ctx, positions, dtype, keys[0]), self.dropout_rate, keys[1]))
+    return self.mlp_norm(x + dropout(self.mlp(x, dtype), self.dropout_rate, keys[2]))
+
+
+def make_layer(cfg: ml_collections.ConfigDict, i: int, key, param_dtype) -> Layer:
+  """Layer i: its attention window and, for ModernBERT's layer 0, no attention norm."""
+  first_norm = i > 0 or cfg.first_layer_attention_norm
+  return Layer(cfg, key, param_dtype, attention.layer_window(cfg, i), attention_norm=first_norm)
+
+
+class LayerGroup(nnx.Module):
+  """`attention.group_size(cfg)` consecutive layers from layer `first` on: one scan step.
+
+  Every group has the same windows in the same order, since a layer's window depends on its index
+  modulo the group size only, and `first` (scan_layout.lead_layers) is the first layer after those
+  whose parameters differ from the rest (ModernBERT's layer 0 has no attention norm).
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, keys, param_dtype, first: int = 0):
+    self.layers = nnx.List([make_layer(cfg, first + j, keys[j], param_dtype)
+                            for j in range(attention.group_size(cfg))])
+
+  def __call__(self, x, ctx, positions, dtype, keys, pin):
+    for j, layer in enumerate(self.layers):
+      x = pin(layer(x, ctx, positions, dtype, None if keys is None else keys[j]))
+    return x
+
+
+def embedding_size(cfg: ml_collections.ConfigDict) -> int:
+  """Width of the token embeddings: `model.embedding_size`, 0 (or absent, older configs) = hidden_size.
+
+  ELECTRA makes it smaller than hidden_size (and shares the tables between its generator and
+  discriminator); an `embeddings_project` layer then maps the normalized embeddings up to hidden_size,
+  and the MLM head maps back down to it. Only post-LN models have this option (transformers' ELECTRA).
+  """
+  e = int(cfg.get("embedding_size", 0) or 0)
+  if e and e != cfg.hidden_size and cfg.norm != "post":
+    raise ConfigError(f"model.embedding_size={e} differs from model.hidden_size={cfg.hidden_size}: only "
+                      "model.norm='post' models project their embeddings (ELECTRA)")
+  return e or cfg.hidden_size
+
+
+def layer_layout(cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  """(lead layers a, groups n, layers per group g) of the scanned model of `cfg` (mlm_jax/model/scan_layout.py)."""
+  g = attention.group_size(cfg)
+  lead = 0 if cfg.get("first_layer_attention_norm", True) else min(1, cfg.num_layers)
+  return lead, (cfg.num_layers - lead) // g, g
+
+
+def abstract_model(model_cfg: ml_collections.ConfigDict):
+  """The encoder's (graphdef, parameter shapes), without allocating anything."""
+  return nnx.split(nnx.eval_shape(lambda: Encoder(model_cfg)), nnx.Param)
+
+
+def _remat_policy(remat: str):
+  return (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims if remat == "dots"
+          else jax.checkpoint_policies.nothing_saveable)
+
+
+class Encoder(nnx.Module):
+  """Embeddings -> layers -> (final norm for pre-LN) -> MLM head with the decoder tied to the embeddings.
+
+  `__call__` returns hidden states; the MLM head is applied separately (`mlm_logits`) so the
+  training step can run it on the gathered prediction slots only.
+
+  `model.embedding_size` (ELECTRA) makes the embeddings narrower than the layers, with an
+  `embeddings_project` up to hidden_size and the MLM head back down to it; `model.mlm_head=False`
+  leaves the head out (ELECTRA's discriminator, and models fine-tuned from it).
+
+  With `scan_layers`, the layers are stacked in groups of `attention.group_size(cfg)` (a leading
+  `layers` axis, `layer_groups`) run by one lax.scan; layers before the groups whose parameters
+  differ from the rest (`lead_layers`: ModernBERT's layer 0, which has no attention norm) and the
+  ones after the last whole group (`tail_layers`) are unrolled; mlm_jax/model/scan_layout.py converts
+  between the two layouts.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, *, seed: int = 0, shared_embeddings: "Encoder | None" = None,
+               share_embedding_norm: bool = False):
+    """`model.mlm_head=False` builds no MLM head (ELECTRA's discriminator); `shared_embeddings` reuses another
+    encoder's word / position / token-type tables (the same nnx.Param objects: one array in the state,
+    gradients from both users summed), as ELECTRA's generator shares the discriminator's, and with
+    `share_embedding_norm` its embedding LayerNorm too."""
+    if cfg.hidden_size % cfg.num_heads:
+      raise ConfigError(f"model.hidden_size={cfg.hidden_size} is not divisible by model.num_heads={cfg.num_heads}")
+    for field in ("positions", "norm", "mlp"):
+      choices.check(f"model.{field}", cfg[field])
+    attention.validate_model_config(cfg)
+    if not cfg.first_layer_attention_norm and cfg.norm != "pre":
+      raise ConfigError("model.first_layer_attention_norm=False needs model.norm='pre' (a post-LN layer's "
+                        "attention norm is its residual LayerNorm)")
+    self.cfg = cfg
+    pdt = jnp.dtype(cfg.param_dtype)
+    h, std = cfg.hidden_size, cfg.initializer_range
+    e = embedding_size(cfg)
+    keys = jax.random.split(jax.random.key(seed), cfg.num_layers + 6)
+    if shared_embeddings is not None:
+      self.word_embeddings = shared_embeddings.word_embeddings
+    else:
+      self.word_embeddings = _param(keys[0], (cfg.vocab_size, e), ("vocab", "embed"), "normal", std, pdt)
+    if cfg.positions == "learned":
+      self.position_embeddings = (shared_embeddings.position_embeddings if shared_embeddings is not None else
+                                  _param(keys[1], (cfg.max_position_embeddings, e), ("positions", "embed"),
+                                         "normal", std, pdt))
+    if cfg.type_vocab_size > 0:
+      self.token_type_embeddings = (shared_embeddings.token_type_embeddings if shared_embeddings is not None else
+                                    _param(keys[2], (cfg.type_vocab_size, e), (None, "embed"), "normal", std, pdt))
+    if cfg.embedding_norm:   # on the embedding sum, before any projection: of the embedding size
+      self.embeddings_norm = (shared_embeddings.embeddings_norm if share_embedding_norm and shared_embeddings
+                              else LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias))
+    if final_norm_name(cfg):
+      setattr(self, final_norm_name(cfg), _norm(cfg, pdt))
+    if e != h:
+      # ELECTRA: embeddings narrower than the layers, projected up after their LayerNorm.
+      kp = jax.random.fold_in(keys[5], 1)
+      self.embeddings_project_kernel = _param(kp, (e, h), ("embed", None), "normal", std, pdt)
+      self.embeddings_project_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
+    layer_keys = keys[6:]
+    if cfg.scan_layers:
+      lead, n, g = layer_layout(cfg)
+      self.lead_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead)])
+      make = nnx.vmap(lambda k: LayerGroup(cfg, k, pdt, lead), transform_metadata={nnx.PARTITION_NAME: "layers"})
+      self.layer_groups = make(layer_keys[lead:lead + n * g].reshape(n, g)) if n else None
+      self.tail_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead + n * g, cfg.num_layers)])
+    else:
+      self.layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(cfg.num_layers)])
+    if cfg.get("mlm_head", True):   # projects back to the embedding size, where the tied decoder is
+      self.head_kernel = _param(keys[3], (h, e), ("embed", None), "normal", std, pdt)
+      self.head_bias = _param(None, (e,), ("norm",), "zeros", 0.0, pdt) if cfg.head_bias else None
+      self.head_norm = LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias)
+      self.decoder_bias = _param(None, (cfg.vocab_size,), ("vocab",), "zeros", 0.0, pdt)
+    if cfg.use_pooler:
+      self.pooler_kernel = _param(keys[4], (h, h), ("embed", None), "normal", std, pdt)
+      self.pooler_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
+    if cfg.get("sentence_head", False):   # NSP / SOP: two classes on the pooled first token
+      if not cfg.use_pooler:
+        raise ConfigError("model.sentence_head needs model.use_pooler=True (the head reads the pooled output)")
+      self.sentence_kernel = _param(keys[5], (h, 2), ("embed", None), "normal", std, pdt)
+      self.sentence_bias = _param(None, (2,), (None,), "zeros", 0.0, pdt)
+
+  @property
+  def dtype(self):
+    return jnp.dtype(self.cfg.dtype)
+
+  def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None,
+               activation_sharding=None):
+    """`activation_sharding` pins the [batch, seq, hidden] activations between layers (the train step
+    passes batch over ("data", "fsdp")): with fsdp-sharded weights XLA's propagation otherwise follows
+    the weights' `embed` sharding and replicates the batch, i.e. every chip computes the global batch.
+    """
+    cfg, dtype = self.cfg, self.dtype
+    pin = (lambda y: y) if activation_sharding is None else (
+        lambda y: jax.lax.with_sharding_constraint(y, activation_sharding))
+    x = jnp.take(self.word_embeddings[...], input_ids, axis=0)
+    if cfg.positions == "learned":
+      x = x + jnp.take(self.position_embeddings[...], positions + cfg.position_offset, axis=0)
+    if cfg.type_vocab_size > 0:
+      tt = jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+      x = x + jnp.take(self.token_type_embeddings[...], tt, axis=0)
+    x = x.astype(dtype)
+    keys = [None] * (cfg.num_layers + 1) if dropout_key is None else list(
+        jax.random.split(dropout_key, cfg.num_layers + 1))
+    if cfg.embedding_norm:
+      x = self.embeddings_norm(x)
+    if embedding_size(cfg) != cfg.hidden_size:
+      x = x @ self.embeddings_project_kernel[...].astype(dtype) + self.embeddings_project_bias[...].astype(dtype)
+    x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
+    mesh = None if activation_sharding is None else activation_sharding.mesh
+    ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None)
+    layer_fn = Layer.__call__
+    if cfg.remat != "none":
+      layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))
+    layer_keys = keys[1:]
+    if cfg.scan_layers:
+      lead, n, g = layer_layout(cfg)
+      for layer, key in zip(self.lead_layers, layer_keys[:lead]):
+        x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
+      x = self._scan(x, ctx, positions, layer_keys[lead:lead + n * g], pin)
+      rest = zip(self.tail_layers, layer_keys[lead + n * g:])
+    else:
+      rest = zip(self.layers, layer_keys)
+    for layer, key in rest:
+      x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
+    if final_norm_name(cfg):
+      x = getattr(self, final_norm_name(cfg))(x)
+    return x
+
+  def _scan(self, x, ctx, positions, keys, pin):
+    """The stacked groups in one lax.scan (remat'ed per group); keys are their layers' dropout keys."""
+    if self.layer_groups is None:
+      return x
+    graphdef, params = nnx.split(self.layer_groups)
+    n, g = jax.tree.leaves(params)[0].shape[0], attention.group_size(self.cfg)
+    dtype = self.dtype
+
+    def body(x, xs):
+      p, k = xs
+      return nnx.merge(graphdef, p)(x, ctx, positions, dtype, k, pin), None
+
+    if self.cfg.remat != "none":
+      body = jax.checkpoint(body, policy=_remat_policy(self.cfg.remat), prevent_cse=False)
+    group_keys = None if keys[0] is None else jnp.stack(keys).reshape(n, g)
+    x, _ = jax.lax.scan(body, x, (params, group_keys))
+    return x
+
+  def mlm_transform(self, hidden):
+    """The MLM head before the vocabulary projection: dense -> GELU -> LayerNorm (BERT and ModernBERT)."""
+    dtype = self.dtype
+    y = gelu(_add_bias(hidden @ self.head_kernel[...].astype(dtype), self.head_bias, dtype))
+    return self.head_norm(y)
+
+  def mlm_logits(self, hidden):
+    """MLM head on any [..., hidden] array; float32 logits over the vocabulary (decoder tied to the embeddings)."""
+    y = self.mlm_transform(hidden)
+    logits = jnp.einsum("...h,vh->...v", y, self.word_embeddings[...].astype(self.dtype),
+                        preferred_element_type=jnp.float32)
+    return logits + self.decoder_bias[...].astype(jnp.float32)
+
+  def pool(self, hidden):
+    """BERT pooler: tanh(dense(first token)); the sentence representation for classification."""
+    if not self.cfg.use_pooler:
+      raise ConfigError("model.use_pooler is False: this model has no pooler")
+    first = hidden[:, 0]
+    return jnp.tanh(first @ self.pooler_kernel[...].astype(self.dtype) + self.pooler_bias[...].astype(self.dtype))
+
+  def sentence_logits(self, hidden):
+    """[B, 2] float32 logits of the sentence head (BERT's seq_relationship) on the pooled output."""
+    pooled = self.pool(hidden)
+    return (pooled @ self.sentence_kernel[...].astype(self.dtype)).astype(jnp.float32) + \
+        self.sentence_bias[...].astype(jnp.float32)

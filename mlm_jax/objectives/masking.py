@@ -1,0 +1,215 @@
+"""Dynamic MLM masking on device: token, whole-word and span (SpanBERT) selection, then 80/10/10.
+
+`mask_batch(batch, key, cfg)` is a pure function, jit-compiled inside the train step. The mask of
+example i depends only on (key, i): each row draws from `fold_in(key, i)` with i its index in the
+*global* batch, so 1 device, 8 devices and several hosts produce the same masks, and a resumed run
+reproduces them exactly.
+
+Output is a fixed number of prediction slots per sequence (`max_predictions`), so the loss gathers
+only those positions before the vocabulary projection:
+  input_ids        [B, S]  the corrupted input
+  masked_positions [B, P]  positions of the selected tokens (0 in unused slots)
+  masked_labels    [B, P]  the original tokens
+  masked_weights   [B, P]  1.0 for used slots, 0.0 for unused ones
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from mlm_jax.config import choices, curricula as schedules
+from mlm_jax.errors import ConfigError
+
+MODES = choices.CHOICES["masking.mode"]
+
+
+# Prediction slots are rounded up to a multiple of this per platform, whichever was faster:
+#   cpu  exact: mini BERT at seq 128 (20 slots instead of 24), tools/benchmark.py train, 3 alternating
+#        runs each on a shared 2-core host: median 2548 vs 2480 tokens/s (+2.7%, within the noise
+#        of the shared host; the head's FLOPs drop by 1/6);
+#   tpu  exact: bert_base at seq 128 on v5p:2x2x2 (tools/aot_compile.py), 20 slots instead of 24:
+#        XLA's optimal step time 14.74 vs 15.53 ms, temporaries 1.58 vs 1.72 GiB;
+#   gpu  not measured (no GPU at hand): the multiple of 8 that tensor-core tiles prefer.
+# None (platform unknown) keeps the multiple of 8, as before.
+SLOT_MULTIPLE = {"cpu": 1, "gpu": 8, "tpu": 1, None: 8}
+
+
+def max_predictions(cfg: ml_collections.ConfigDict, seq_len: int, platform: str | None = None) -> int:
+  """ceil(mask_rate * seq_len) rounded up to SLOT_MULTIPLE[platform] (unless set explicitly).
+
+  With a mask-rate schedule the rate is the schedule's maximum, so the step compiles once.
+
+  The config-resolution step writes this into masking.max_predictions for the mesh's platform, so
+  the jitted step (which cannot know whether it is compiled for a TPU on a CPU host) uses it as is.
+  """
+  if cfg.max_predictions > 0:
+    return min(int(cfg.max_predictions), seq_len)
+  multiple = SLOT_MULTIPLE.get(platform, 8)
+  rate = schedules.max_mask_rate(cfg)
+  return min(seq_len, multiple * math.ceil(math.ceil(rate * seq_len) / multiple))
+
+
+def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
+  """Fail early, with the key named, on settings the masking cannot honour."""
+  choices.check("masking.mode", cfg.mode)
+  if not 0.0 < cfg.mask_rate < 1.0:
+    raise ConfigError(f"masking.mask_rate={cfg.mask_rate}: expected a fraction in (0, 1)")
+  choices.check("masking.mask_rate_schedule_mode", cfg.get("mask_rate_schedule_mode", "constant"))
+  _, rates = schedules.mask_rate_phases(cfg)
+  if rates.size and not ((rates > 0) & (rates < 1)).all():
+    raise ConfigError(f"masking.mask_rate_schedule={tuple(cfg.mask_rate_schedule)}: expected rates in (0, 1)")
+  if cfg.mask_token_prob < 0 or cfg.random_token_prob < 0 or cfg.mask_token_prob + cfg.random_token_prob > 1:
+    raise ConfigError(f"masking.mask_token_prob={cfg.mask_token_prob} + random_token_prob="
+                      f"{cfg.random_token_prob}: expected non-negative and summing to at most 1")
+  if not 0 <= cfg.mask_id < vocab_size:
+    raise ConfigError(f"masking.mask_id={cfg.mask_id}: expected an id in [0, {vocab_size}) "
+                      "(set it from the tokenizer's mask id)")
+  bad = [i for i in cfg.special_ids if not 0 <= i < vocab_size]
+  if bad:
+    raise ConfigError(f"masking.special_ids has ids outside [0, {vocab_size}): {bad}")
+
+
+def _candidates(input_ids, segment_ids, special_ids):
+  """Real, non-special tokens: the only ones that may be selected."""
+  ok = segment_ids > 0
+  for s in special_ids:
+    ok &= input_ids != s
+  return ok
+
+
+def _budget(candidates, rate, num_slots):
+  n = candidates.sum().astype(jnp.float32)
+  return jnp.minimum(jnp.round(rate * n), num_slots).astype(jnp.int32)
+
+
+def _select_tokens(key, cand, rate, num_slots):
+  """Exactly round(rate * n_candidates) tokens, uniformly at random."""
+  score = jnp.where(cand, jax.random.uniform(key, cand.shape), -1.0)
+  _, idx = jax.lax.top_k(score, num_slots)
+  take = jnp.arange(num_slots) < _budget(cand, rate, num_slots)
+  return jnp.zeros(cand.shape, bool).at[idx].set(take)
+
+
+def _select_words(key, cand, word_starts, rate, num_slots):
+  """Whole words in random order until the budget; the word that crosses it is kept when that is closer.
+
+  A word is the run of tokens from a word-start flag to the next one; it is a candidate only if
+  all its tokens are, so a word is masked whole or not at all.
+  """
+  s = cand.shape[0]
+  starts = (word_starts > 0) | ~cand
+  word = jnp.cumsum(starts) - 1                                   # word index of each token
+  length = jnp.zeros(s, jnp.int32).at[word].add(1)
+  word_ok = (jnp.ones(s, jnp.int32).at[word].min(cand.astype(jnp.int32)) > 0) & (length > 0)
+  score = jnp.where(word_ok, jax.random.uniform(key, (s,)), -1.0)
+  order = jnp.argsort(-score)
+  sorted_len = jnp.where(word_ok[order], length[order], 0)
+  total = jnp.cumsum(sorted_len)
+  budget = _budget(cand, rate, num_slots)
+  prev = total - sorted_len
+  keep_sorted = (prev < budget) & ((total <= budget) | (total - budget <= budget - prev)) & (total <= num_slots)
+  keep_sorted &= sorted_len > 0
+  keep_word = jnp.zeros(s, bool).at[order].set(keep_sorted)
+  return keep_word[word] & cand
+
+
+def span_length_probs(p: float, max_len: int):
+  """SpanBERT's span-length distribution: geometric(p) clipped (renormalized) at max_len."""
+  lengths = jnp.arange(1, max_len + 1)
+  probs = p * (1 - p) ** (lengths - 1)
+  return probs / probs.sum()
+
+
+def _select_spans(key, cand, rate, num_slots, p, max_len):
+  """Contiguous spans of geometric length at random free places until the budget is used.
+
+  Spans never touch (one unselected token between them) and never cross a special token or a
+  document boundary, so each selected run is exactly one sampled span. A sampled length that does
+  not fit anywhere is skipped; the last span is cut to the remaining budget.
+  """
+  s = cand.shape[0]
+  budget = _budget(cand, rate, num_slots)
+  log_probs = jnp.log(span_length_probs(p, max_len))
+  idx = jnp.arange(s)
+
+  def body(i, carry):
+    sel, used = carry
+    k_len, k_pos = jax.random.split(jax.random.fold_in(key, i))
+    want = jax.random.categorical(k_len, log_probs) + 1
+    length = jnp.minimum(want, budget - used)
+    left = jnp.concatenate([jnp.zeros(1, bool), sel[:-1]])
+    right = jnp.concatenate([sel[1:], jnp.zeros(1, bool)])
+    free = (cand & ~sel & ~left & ~right).astype(jnp.int32)
+    csum = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(free)])   # csum[j] = sum(free[:j])
+    end = jnp.minimum(idx + length, s)
+    fits = (csum[end] - csum[idx] == length) & (idx + length <= s)
+    score = jnp.where(fits, jax.random.uniform(k_pos, (s,)), -1.0)
+    start = jnp.argmax(score)
+    ok = (score[start] >= 0) & (length > 0)
+    new = ok & (idx >= start) & (idx < start + length)
+    return sel | new, used + jnp.where(ok, length, 0)
+
+  sel, _ = jax.lax.fori_loop(0, num_slots, body, (jnp.zeros(s, bool), jnp.int32(0)))
+  return sel
+
+
+def _slots(selected, num_slots):
+  """Positions of the selected tokens in increasing order, padded to `num_slots`."""
+  s = selected.shape[0]
+  score = jnp.where(selected, s - jnp.arange(s), 0)
+  vals, pos = jax.lax.top_k(score, num_slots)
+  used = vals > 0
+  return jnp.where(used, pos, 0), used
+
+
+def _random_tokens(key, shape, vocab_size, special_ids):
+  """Uniform over the non-special ids: draw from [0, V - n_special), then step over the specials."""
+  r = jax.random.randint(key, shape, 0, vocab_size - len(special_ids))
+  for s in sorted(special_ids):
+    r = r + (r >= s)
+  return r
+
+
+def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_slots, rate=None):
+  """One sequence: select, corrupt 80/10/10, and emit prediction slots (`rate`: default cfg.mask_rate)."""
+  rate = cfg.mask_rate if rate is None else rate
+  k_sel, k_how, k_rand = jax.random.split(key, 3)
+  cand = _candidates(input_ids, segment_ids, tuple(cfg.special_ids) + (cfg.mask_id,))
+  if cfg.mode == "token":
+    selected = _select_tokens(k_sel, cand, rate, num_slots)
+  elif cfg.mode == "whole_word":
+    selected = _select_words(k_sel, cand, word_starts, rate, num_slots)
+  else:
+    selected = _select_spans(k_sel, cand, rate, num_slots, cfg.span_p, cfg.span_max)
+  positions, used = _slots(selected, num_slots)
+  u = jax.random.uniform(k_how, input_ids.shape)
+  special = tuple(sorted(set(tuple(cfg.special_ids) + (cfg.mask_id,))))
+  rand = _random_tokens(k_rand, input_ids.shape, vocab_size, special)
+  corrupted = jnp.where(u < cfg.mask_token_prob, cfg.mask_id,
+                        jnp.where(u < cfg.mask_token_prob + cfg.random_token_prob, rand, input_ids))
+  new_ids = jnp.where(selected, corrupted, input_ids)
+  return new_ids, positions, jnp.where(used, input_ids[positions], 0), used.astype(jnp.float32)
+
+
+def mask_batch(batch, key, cfg: ml_collections.ConfigDict, vocab_size: int, example_offset=0, rate=None):
+  """Masks a batch; `example_offset` is the global index of row 0 (for per-host or per-microbatch slices).
+  `rate` (a traced scalar from a mask-rate schedule) overrides cfg.mask_rate.
+
+  Returns a new batch dict with corrupted `input_ids` and the slot arrays described above.
+  """
+  ids = batch["input_ids"]
+  b, s = ids.shape
+  num_slots = max_predictions(cfg, s)
+  word_starts = batch.get("word_starts")
+  if word_starts is None:
+    word_starts = jnp.ones_like(ids)
+  rows = example_offset + jnp.arange(b)
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(rows)
+  fn = lambda k, x, g, w: mask_example(k, x, g, w, cfg, vocab_size, num_slots, rate)
+  new_ids, positions, labels, weights = jax.vmap(fn)(keys, ids, batch["segment_ids"], word_starts)
+  out = dict(batch)
+  out.update(input_ids=new_ids, masked_positions=positions, masked_labels=labels, masked_weights=weights)
+  return out

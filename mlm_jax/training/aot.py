@@ -1,0 +1,312 @@
+"""Ahead-of-time compile of the train step for a TPU topology, from any host: will it fit, how fast?
+
+libtpu (the `[tpu]` extra) describes TPU slices that are not attached
+(`jax.experimental.topologies.get_topology_desc`), so XLA's TPU compiler can compile the *exact*
+train step of `step.make_trainer` -- same function, same sharding rules, a mesh from `config.mesh`
+over the slice's devices -- from abstract inputs (ShapeDtypeStructs carrying their shardings).
+No parameter is ever materialized: `trainer.init` is only traced by `jax.eval_shape`.
+
+The compiled program answers two planning questions per device:
+  memory  arguments (params + optimizer state + batch), outputs (aliased to the donated state),
+          temporaries (activations, gradients) and code, against the chip's HBM;
+  speed   XLA's FLOPs and its cost model's `optimal_seconds` for one step, beside flops.py's model
+          FLOPs, and the MFU that time would imply (an upper bound: real steps are slower). Pallas
+          kernels (splash attention) carry no cost estimate, so for splash rows XLA's FLOPs miss
+          the attention and no optimal time or MFU bound is quoted: their evidence is memory and fit.
+
+XLA's cost analysis of an SPMD program is per device, so everything here is per device; model
+FLOPs are the global count divided by the number of devices. A "device" is a chip except on v4,
+whose compile-only topologies expose each of the two TensorCores of a chip as a device (HBM and
+peak are split between them accordingly).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+
+import ml_collections
+
+from mlm_jax import runtime
+from mlm_jax.errors import UserError
+
+GIB = 2**30
+
+
+class AotError(UserError):
+  """A config or topology problem the user can fix; the tools print it as one line."""
+
+
+def topology_devices(name: str) -> list:
+  """The compile-only devices of a TPU topology such as 'v5p:2x2x2' or 'v5e:4x4'.
+
+  Without an attached TPU, libtpu logs errors about TPU_ACCELERATOR_TYPE and worker hostnames
+  while it initializes; they are harmless for compile-only use and are swallowed here (and
+  shown if initialization really fails). ALLOW_MULTIPLE_LIBTPU_LOAD lets this run while another
+  process (a test, a CPU run that probed libtpu) holds /tmp/libtpu_lockfile.
+  """
+  try:
+    import libtpu  # noqa: F401
+  except ImportError:
+    raise AotError("libtpu is not installed: pip install -e '.[tpu]' (jax[tpu] at jax's version)") from None
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies
+  with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+    try:
+      with runtime.stderr_to(log.name):
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=name)
+    except Exception as e:  # noqa: BLE001 - libtpu raises JaxRuntimeError/ValueError variously
+      sys.stderr.write(log.read())
+      raise AotError(f"--topology={name!r}: {' '.join(str(e).split())}") from None
+  return list(topo.devices)
+
+
+def chip_spec(devices) -> tuple[str, int, int, float]:
+  """(device kind, devices per chip, HBM bytes per device, peak bf16 FLOP/s per device)."""
+  from mlm_jax.model import flops
+  kind = devices[0].device_kind
+  spec = flops.accelerator_spec(kind)
+  if spec is None:
+    raise AotError(f"no HBM/peak figures for device kind {kind!r}: known {sorted(flops.ACCELERATORS)}")
+  chips = len({tuple(getattr(d, "coords", (d.id,))) for d in devices})
+  per_chip = max(1, len(devices) // max(chips, 1))
+  hbm, peak = spec
+  return kind, per_chip, hbm // per_chip, peak / per_chip
+
+
+def abstract_inputs(trainer, config: ml_collections.ConfigDict):
+  """(state, batch, key) as ShapeDtypeStructs with the trainer's shardings; nothing is allocated."""
+  import jax
+  import jax.numpy as jnp
+  from mlm_jax.model import sharding
+  state = jax.eval_shape(trainer.init)
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       state, trainer.state_sharding)
+  features = trainer.objective.batch_features(config.data.seq_len)   # NSP / SOP rows add two
+  batch = {k: jax.ShapeDtypeStruct((config.train.batch_size, *shape), jnp.int32, sharding=trainer.batch_sharding)
+           for k, shape in features.items()}
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding.replicated(trainer.mesh))
+  return state, batch, key
+
+
+def state_bytes_per_device(state) -> int:
+  """Bytes of the train state (params + AdamW moments) one device holds under its shardings."""
+  import jax
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def batch_bytes_per_device(batch) -> int:
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in batch.values())
+
+
+_SIZE = r"([0-9.]+)\s*([KMGT]i?B?|B)"
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "B": 1}
+
+
+def _bytes(num: str, unit: str) -> int:
+  return int(float(num) * _UNITS[unit[0]])
+
+
+def parse_oom(message: str) -> tuple[str, int, int] | None:
+  """('temporaries' or 'total', bytes needed, bytes available) from XLA TPU's out-of-memory error.
+
+  XLA stops at the first thing that does not fit; when that is the temporaries, the arguments
+  come on top of the bytes it names.
+  """
+  m = re.search(r"required for HLO temporaries \(" + _SIZE + r"\).*?available HBM \(" + _SIZE + r"\)", message,
+                re.S)
+  if m:
+    return "temporaries", _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
+  m = re.search(r"Used " + _SIZE + " of " + _SIZE + " hbm", message)
+  if m:
+    return "total", _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
+  return None
+
+
+def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict:
+  """Compile the train step for `topology`; a JSON-ready report (see the module docstring)."""
+  from mlm_jax.model import flops, sharding
+  from mlm_jax.objectives import masking
+  from mlm_jax.training import resolve, trainer as step
+
+  config, notes = resolve.resolve_for_compile(config)
+  devices = topology_devices(topology)
+  kind, per_chip, hbm, peak = chip_spec(devices)
+  try:
+    mesh = sharding.make_mesh(config.mesh, devices=devices)
+  except ValueError as e:
+    raise AotError(f"{e} (on {topology})") from None
+  b, s = config.train.batch_size, config.data.seq_len
+  n = len(devices)
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if b % shards:
+    raise AotError(f"train.batch_size={b} is not divisible by the batch axes data*fsdp={shards} "
+                   f"of the mesh {dict(mesh.shape)} on {topology}")
+  if int(config.optimizer.grad_accum_steps) > 1:
+    notes.append("optimizer.grad_accum_steps > 1: XLA's cost analysis does not count every iteration of "
+                 "the microbatch loop, so its FLOPs, optimal time and the MFU bound are too low")
+  slots = masking.max_predictions(config.masking, s, "tpu")
+  model_flops = flops.training_flops_per_token(config, s, slots) * b * s
+  report = dict(
+      topology=topology, device_kind=kind, devices=n, devices_per_chip=per_chip,
+      mesh=dict(mesh.shape), batch_size=b, seq_len=s, batch_per_device=b // shards, prediction_slots=slots,
+      remat=config.model.remat, grad_accum_steps=int(config.optimizer.grad_accum_steps),
+      attention_impl=config.model.attention_impl, scan_layers=bool(config.model.scan_layers),
+      hbm_bytes=hbm, peak_flops=peak,
+      model_flops_per_device=model_flops / n, notes=notes)
+
+  t0 = time.perf_counter()
+  trainer = step.make_trainer(config, mesh)
+  state, batch, key = abstract_inputs(trainer, config)
+  report["state_bytes"] = state_bytes_per_device(state)
+  lowered = trainer.train_step.lower(state, batch, key)
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - XLA reports running out of HBM as a compile error
+    oom = parse_oom(str(e))
+    if oom is None and "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    what, need, avail = oom if oom else ("total", 0, hbm)
+    if what == "temporaries":   # the state and the batch shard come on top; code is not known
+      report["temp_bytes"] = need
+      need += report["state_bytes"] + batch_bytes_per_device(batch)
+    over = max(need - hbm, report.get("temp_bytes", need) - avail)
+    report.update(compile_s=time.perf_counter() - t0, fits=False, total_bytes=need, over_bytes=over,
+                  total_is_lower_bound=True, xla_available_bytes=avail,
+                  xla_error=" ".join(str(e).split())[:500])
+    report["advice"] = advice(report, config)
+    return report
+  report["compile_s"] = time.perf_counter() - t0
+
+  mem = compiled.memory_analysis()
+  args, outs = mem.argument_size_in_bytes, mem.output_size_in_bytes
+  alias, temps, code = mem.alias_size_in_bytes, mem.temp_size_in_bytes, mem.generated_code_size_in_bytes
+  total = args + outs - alias + temps + code
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  xla_flops = float(cost.get("flops", 0.0))
+  seconds = float(cost.get("optimal_seconds", 0.0))
+  if seconds <= 0:   # seen on 12-layer programs: XLA's cost model gives a negative time, i.e. none
+    notes.append(f"XLA's cost model gave no step time (optimal_seconds={seconds:.4g}); no MFU bound")
+    seconds = 0.0
+  if config.model.attention_impl != "xla":
+    notes.append(f"{config.model.attention_impl} kernels have no XLA cost estimate: no optimal time or MFU bound")
+    seconds = 0.0
+  if config.model.scan_layers:
+    notes.append("scan_layers: XLA's cost analysis counts the scanned loop body once, so its FLOPs and optimal "
+                 "time are too low; no MFU bound")
+    seconds = 0.0
+  report.update(
+      argument_bytes=args, output_bytes=outs, alias_bytes=alias, temp_bytes=temps, code_bytes=code,
+      total_bytes=total, fits=total <= hbm, over_bytes=total - hbm,
+      xla_flops_per_device=xla_flops, bytes_accessed_per_device=float(cost.get("bytes accessed", 0.0)),
+      optimal_seconds=seconds,
+      mfu_bound=(model_flops / (seconds * n * peak)) if seconds > 0 else None)
+  if not report["fits"]:
+    report["advice"] = advice(report, config)
+  return report
+
+
+def advice(report: dict, config: ml_collections.ConfigDict) -> str:
+  """What would bring the step under HBM, most effective first.
+
+  Temporaries (activations and gradients) scale with the per-device batch; parameters and AdamW
+  state (~16 bytes per fp32 parameter) shrink only with more fsdp sharding.
+  """
+  tips = []
+  over = report["total_bytes"] / max(report["hbm_bytes"], 1)
+  per_dev = report["batch_per_device"]
+  if per_dev > 1:
+    k = 2 ** math.ceil(math.log2(max(over, 1.0) * 1.25))
+    k = min(k, per_dev)
+    accum = report["grad_accum_steps"] * k
+    tips.append(f"a smaller per-chip batch (now {per_dev}): --config.optimizer.grad_accum_steps={accum} "
+                f"keeps the global batch, or --config.train.batch_size={report['batch_size'] // k}")
+  if config.model.remat == "none":
+    tips.append("--config.model.remat=full (or dots) to recompute activations in the backward pass")
+  state, hbm = report["state_bytes"], report["hbm_bytes"]
+  if state > hbm / 10:   # only worth it when the state is a real share of HBM
+    if report["mesh"]["fsdp"] < report["devices"]:
+      tips.append(f"more fsdp: --config.mesh.fsdp=-1 --config.mesh.data=1 (params + AdamW state are "
+                  f"{state / GIB:.1f} GiB per chip now)")
+    else:
+      tips.append(f"a larger slice: params + AdamW state alone are {state / GIB:.1f} GiB per chip")
+  return "; ".join(tips)
+
+
+def summary_line(report: dict, config_name: str = "") -> str:
+  """The one-line verdict: fits with how much headroom, or over by how much and what would help."""
+  gib = lambda x: f"{x / GIB:.2f} GiB"
+  where = f"{config_name} on {report['topology']}" if config_name else report["topology"]
+  if report["fits"]:
+    return (f"fits: {where} needs {gib(report['total_bytes'])} per device of {gib(report['hbm_bytes'])} HBM "
+            f"({gib(report['hbm_bytes'] - report['total_bytes'])} free)")
+  over = report["over_bytes"]
+  least = "at least " if report.get("total_is_lower_bound") else ""
+  return (f"does not fit: {where} needs {least}{gib(report['total_bytes'])} per device of "
+          f"{gib(report['hbm_bytes'])} HBM (over by {gib(over)}); try {report.get('advice') or 'a larger slice'}")
+
+
+def format_text(report: dict, config_name: str = "") -> str:
+  gib = lambda x: f"{x / GIB:8.2f} GiB"
+  mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+  lines = [f"{config_name or 'config'} on {report['topology']}: {report['devices']} x {report['device_kind']}"
+           f" ({report['devices_per_chip']} device(s) per chip), mesh {mesh}",
+           f"  batch {report['batch_size']} x {report['seq_len']} ({report['batch_per_device']} per device), "
+           f"{report['prediction_slots']} prediction slots, remat={report['remat']}, "
+           f"grad_accum_steps={report['grad_accum_steps']}, attention={report.get('attention_impl', 'xla')}, "
+           f"scan_layers={report.get('scan_layers', False)}, compiled in {report['compile_s']:.0f} s"]
+  lines += [f"  note: {n}" for n in report["notes"]]
+  if "argument_bytes" in report:
+    lines += ["  per device:",
+              f"    arguments    {gib(report['argument_bytes'])}  (params + AdamW state "
+              f"{gib(report['state_bytes']).strip()}, batch)",
+              f"    outputs      {gib(report['output_bytes'])}  ({gib(report['alias_bytes']).strip()} aliased "
+              "to the donated state)",
+              f"    temporaries  {gib(report['temp_bytes'])}  (activations, gradients)",
+              f"    code         {gib(report['code_bytes'])}",
+              f"    total        {gib(report['total_bytes'])}  of {gib(report['hbm_bytes']).strip()} HBM "
+              f"({100 * report['total_bytes'] / report['hbm_bytes']:.0f}%)",
+              f"  step FLOPs per device: XLA {report['xla_flops_per_device']:.4g}, flops.py "
+              f"{report['model_flops_per_device']:.4g} "
+              f"(ratio {report['xla_flops_per_device'] / report['model_flops_per_device']:.3f})",
+              (f"  XLA optimal time {1e3 * report['optimal_seconds']:.2f} ms/step -> MFU bound "
+               f"{100 * report['mfu_bound']:.1f}% (peak {report['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
+               if report["mfu_bound"] else "  XLA optimal time: n/a")]
+  else:
+    lines.append(f"  XLA: {report['xla_error']}")
+  lines.append(summary_line(report, config_name))
+  return "\n".join(lines)
+
+
+TABLE_HEADER = ("| config | topology | mesh d/f/t | batch/chip | params+opt GiB | temps GiB | total / HBM GiB "
+                "| fits | XLA TFLOP | flops.py TFLOP | optimal ms | MFU bound | attention | scan | compile s |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(report: dict) -> str:
+  """One markdown row from a report (as written by `--json`)."""
+  g = lambda x: f"{x / GIB:.1f}"
+  mesh = "/".join(str(report["mesh"][a]) for a in ("data", "fsdp", "tensor"))
+  compiled = "argument_bytes" in report   # else XLA refused it: only temporaries (maybe) are known
+  total = ("≥ " if report.get("total_is_lower_bound") else "") + g(report["total_bytes"])
+  temps = g(report["temp_bytes"]) if "temp_bytes" in report else "?"
+  cells = [report.get("config", ""), f"`{report['topology']}`", mesh, str(report["batch_per_device"]),
+           g(report["state_bytes"]), temps, f"{total} / {g(report['hbm_bytes'])}",
+           "yes" if report["fits"] else "**no**",
+           f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled and not report.get("scan_layers") else "",
+           f"{report['model_flops_per_device'] / 1e12:.2f}",
+           f"{1e3 * report['optimal_seconds']:.0f}" if compiled and report["optimal_seconds"] > 0 else "",
+           f"{100 * report['mfu_bound']:.0f}%" if compiled and report.get("mfu_bound") else "",
+           report.get("attention_impl", "xla"), "on" if report.get("scan_layers") else "off",
+           f"{report['compile_s']:.0f}"]
+  return "| " + " | ".join(cells) + " |"
+
+
+def config_name(path: str) -> str:
+  return os.path.splitext(os.path.basename(path.split(":")[0]))[0]
+

@@ -1,0 +1,330 @@
+"""The one training loop: pretraining, fine-tuning and every objective end here.
+
+It owns what every run needs and nothing an objective decides:
+- start: restore the latest checkpoint (state + input position + the evaluator's progress), or
+  start fresh; cut metrics.jsonl back to the restored step;
+- each step: a batch from the input, the jitted train step, metric sums kept on device;
+- every `log_every` steps one host sync: the objective's rates (loss, accuracy, ...) plus learning
+  rate, gradient norm, tokens/s, examples/s, MFU, the time spent waiting for input, ETA and skipped
+  non-finite updates, to the console, metrics.jsonl and TensorBoard. Padding is not work: the
+  console's tok/s and MFU count real tokens (segment_ids > 0, summed on device by the step), and
+  `real_fraction` is their share of the batch's slots (`tokens_per_sec` in metrics.jsonl: slots);
+- every `eval_every` steps (and at the end) the evaluator; with `best_metric`, the best parameters
+  so far in WORKDIR/best; every `probe_every` steps (and at the end) the probe, when there is one
+  (pretraining: linear probes of the frozen encoder, probe.py); both also before the first step
+  with `eval_at_start`;
+- every `save_every` steps (and at the end, and on SIGTERM) an async checkpoint with the input's
+  position, never of a non-finite state;
+- SIGTERM: finish the step, save, exit 0. A watchdog ends a run stuck (in input, typically) for
+  `train.sigterm_timeout_s` after SIGTERM, saving nothing newer than the last complete step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from mlm_jax.workdir import checkpoints as ckpt_lib
+from mlm_jax.model import flops, sharding
+from mlm_jax.errors import ConfigError, UserError
+from mlm_jax.workdir.metrics_log import MetricsWriter
+
+
+def make_workdir(workdir: str) -> str:
+  """The absolute workdir (local, or gs:// and the like), created if missing."""
+  import tensorflow as tf
+  workdir = workdir if "://" in workdir else os.path.abspath(workdir)
+  tf.io.gfile.makedirs(workdir)
+  return workdir
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """WORKDIR/config.json: the resolved config, written once by process 0 before the first step."""
+  import tensorflow as tf
+  if jax.process_index() == 0:
+    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+class Input(Protocol):
+  """What the loop reads: this process's rows of global batch `step`, and a position to save."""
+
+  def batch(self, step: int) -> dict: ...
+  # Optionally also `metrics() -> dict`: input figures for the log line (a store's epochs and tokens).
+  def get_state(self) -> dict: ...
+  def set_state(self, state: dict) -> None: ...
+
+
+Evaluator = Callable[[Any, int], dict]   # (params, step) -> held-out metrics {"eval_...": float}
+
+
+class _Best:
+  """The best parameters by one eval metric (higher is better) in WORKDIR/best; its progress is saved
+  with every checkpoint, so a resumed run keeps comparing against the same best."""
+
+  def __init__(self, workdir: str, metric: str):
+    self.metric, self.value, self.step = metric, None, None
+    self.checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "best"), keep=1)
+
+  def update(self, state, step: int, metrics: dict) -> None:
+    value = metrics.get(self.metric)
+    if value is None:
+      raise ConfigError(f"train.best_metric={self.metric[5:]!r} is not an eval metric of this run: "
+                        f"{', '.join(k[5:] for k in metrics)}")
+    if self.value is None or value > self.value:
+      self.value, self.step = value, step
+      self.checkpointer.save(step, {"params": state.params}, self.get_state())
+
+  def get_state(self) -> dict:
+    return dict(best=self.value, best_step=self.step)
+
+  def set_state(self, state: dict) -> None:
+    self.value, self.step = state.get("best"), state.get("best_step")
+
+
+@dataclasses.dataclass
+class Loop:
+  trainer: Any                           # step.Trainer
+  workdir: str
+  input: Input
+  evaluate: Evaluator | None
+  init_state: Callable[[], Any]          # a fresh TrainState when there is no checkpoint
+  tokens_per_example: int
+  flops_per_token: float
+  best_metric: str = ""                  # e.g. "eval_accuracy": keep the best parameters in WORKDIR/best
+  probe: Evaluator | None = None         # (params, step) -> {"probe/...": float}, every train.probe_every steps
+  preempted: bool = False                # after run(): whether SIGTERM ended it
+
+  @property
+  def train_config(self) -> ml_collections.ConfigDict:
+    return self.trainer.config.train
+
+  def run(self) -> dict:
+    """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
+    t = self.train_config
+    checkpointer = ckpt_lib.Checkpointer(self.workdir, keep=t.keep_checkpoints)
+    self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
+    state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
+    write_config(self.trainer.config, self.workdir)
+    start = int(jax.device_get(state.step))
+    writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
+    watch = _Preemption(t.sigterm_timeout_s, checkpointer)
+    logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, t.steps,
+                 t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
+                 sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
+    try:
+      last = self._steps(state, start, checkpointer, writer, watch)
+    finally:   # also on an error: a save still being written finishes, and is not lost
+      watch.stop()
+      checkpointer.close()
+      if self._best is not None:
+        self._best.checkpointer.close()
+      writer.close()
+    self.preempted = watch.preempted
+    return last
+
+  def _start(self, checkpointer: ckpt_lib.Checkpointer):
+    latest = checkpointer.latest_step()
+    if latest is None:
+      return self.init_state()
+    abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
+    state, saved = checkpointer.restore(latest, abstract)
+    self.input.set_state(saved)
+    if self._best is not None:
+      self._best.set_state(saved)
+    logging.info("resuming from step %d", latest)
+    return state
+
+  def _saved_state(self) -> dict:
+    return {**self.input.get_state(), **(self._best.get_state() if self._best is not None else {})}
+
+  def _eval(self, state, step: int, writer: MetricsWriter) -> dict:
+    ev = self.evaluate(state.params, step)
+    writer.write(dict(step=step, **ev))
+    logging.info("step %d  eval %s", step, "  ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
+    if self._best is not None:
+      self._best.update(state, step, ev)
+    return ev
+
+  def _probe(self, state, step: int, writer: MetricsWriter) -> dict:
+    result = self.probe(state.params, step)
+    writer.write(dict(step=step, **result))
+    logging.info("step %d  %s", step, "  ".join(f"{k} {v:.3f}" for k, v in result.items()))
+    return result
+
+  def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
+    t, trainer = self.train_config, self.trainer
+    key = jax.random.key(trainer.config.seed)
+    if self.evaluate is not None and t.eval_at_start and start == 0:
+      self._eval(state, 0, writer)
+    if self.probe is not None and t.eval_at_start and start == 0:
+      self._probe(state, 0, writer)
+    log = _Interval(self, start)
+    last, step, m = {}, start, None
+    while step < t.steps:
+      watch.phase = "input"
+      t0 = time.perf_counter()
+      batch = sharding.global_batch(self.input.batch(step), trainer.batch_sharding)
+      log.input_seconds += time.perf_counter() - t0
+      watch.phase = "step"
+      state, m = trainer.train_step(state, batch, key)
+      log.add(m)
+      step += 1
+      final = step == t.steps or watch.preempted
+      if _every(step, t.log_every) or final:
+        last = log.flush(step, writer)
+      if self.evaluate is not None and (_every(step, t.eval_every) or step == t.steps) and not watch.preempted:
+        watch.phase = "input"
+        last.update(self._eval(state, step, writer))
+        log.restart()   # evaluation time is not training throughput
+      if self.probe is not None and (_every(step, t.probe_every) or step == t.steps) and not watch.preempted:
+        watch.phase = "input"
+        last.update(self._probe(state, step, writer))
+        log.restart()
+      if _every(step, t.save_every) or step == t.steps or watch.preempted:   # SIGTERM may come during eval
+        watch.phase = "save"
+        self._save(checkpointer, state, m, step)
+      if watch.preempted:
+        logging.info("SIGTERM: saved step %d, exiting", step)
+        break
+    return last
+
+  def _save(self, checkpointer, state, metrics, step: int) -> None:
+    if float(jax.device_get(metrics["finite"])) and ckpt_lib.all_finite(state.params):
+      checkpointer.save(step, state, self._saved_state())
+    elif self.train_config.nonfinite == "stop":
+      raise UserError(f"the loss or parameters are not finite at step {step}: refusing to write a "
+                      "checkpoint; the last checkpoint is intact. Lower optimizer.learning_rate")
+    else:
+      logging.warning("step %d: loss or parameters not finite, checkpoint not written", step)
+
+
+def _every(step: int, interval: int) -> bool:
+  """Whether `step` is on an interval's cadence; 0 (or less) means never (the last step still counts)."""
+  return interval > 0 and step % interval == 0
+
+
+class _Interval:
+  """Metric sums of one log interval, kept on device until the interval is logged."""
+
+  def __init__(self, loop: Loop, start: int):
+    self.loop, self.start, self.t_start = loop, start, time.perf_counter()
+    self.peak = peak_flops(loop.trainer.config)   # measured once per run on CPU
+    self.bad_in_a_row = 0
+    self.restart()
+
+  def restart(self) -> None:
+    self.sums, self.since, self.input_seconds, self.t0 = None, 0, 0.0, time.perf_counter()
+
+  def add(self, metrics) -> None:
+    self.sums = metrics if self.sums is None else jax.tree.map(jnp.add, self.sums, metrics)
+    self.since += 1
+
+  def flush(self, step: int, writer: MetricsWriter) -> dict:
+    loop, t = self.loop, self.loop.train_config
+    host, since = jax.device_get(self.sums), self.since
+    now = time.perf_counter()
+    seconds = max(now - self.t0, 1e-9)
+    examples_per_sec = since * t.batch_size / seconds
+    tokens_per_sec = examples_per_sec * loop.tokens_per_example
+    slots = since * t.batch_size * loop.tokens_per_example
+    real = float(host["real_tokens"]) if "real_tokens" in host else slots
+    real_tokens_per_sec = real / seconds
+    objective = loop.trainer.objective
+    line = dict(step=step, **objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
+                **getattr(objective, "schedule_values", lambda s: {})(step - 1),   # the last step's
+                learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
+                tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
+                real_tokens_per_sec=real_tokens_per_sec, real_fraction=real / max(slots, 1),
+                mfu=flops.mfu(real_tokens_per_sec, loop.flops_per_token, self.peak),
+                input_wait_fraction=min(self.input_seconds / seconds, 1.0),
+                skipped_nonfinite=int(round(since - float(host["finite"]))))
+    eta = (t.steps - step) * (now - self.t_start) / max(step - self.start, 1)
+    writer.write(line)
+    logging.info("step %d/%d  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
+                 t.steps, loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
+                 100 * line["real_fraction"], 100 * line["mfu"],
+                 100 * line["input_wait_fraction"], time.strftime("%H:%M:%S", time.gmtime(eta)))
+    self._check_finite(line, step)
+    self.restart()
+    return line
+
+  def _check_finite(self, line: dict, step: int) -> None:
+    t, skipped = self.loop.train_config, line["skipped_nonfinite"]
+    if skipped and t.nonfinite == "stop":
+      raise UserError(f"non-finite loss or gradient at step <= {step} (train.nonfinite='stop'); the last "
+                      "checkpoint is intact. Lower optimizer.learning_rate or set train.nonfinite='skip'")
+    # Skipped steps in a row (as far as log intervals tell): a run that only skips has diverged.
+    self.bad_in_a_row = self.bad_in_a_row + self.since if skipped == self.since else skipped
+    if self.bad_in_a_row >= t.max_consecutive_nonfinite:
+      raise UserError(f"{self.bad_in_a_row} consecutive non-finite steps up to step {step}: training diverged; "
+                      "the last checkpoint is intact. Lower optimizer.learning_rate")
+
+
+def peak_flops(config: ml_collections.ConfigDict) -> float:
+  """Peak FLOP/s of all devices: config override, a known accelerator's peak, or measured on CPU."""
+  per = config.train.peak_tflops_per_device * 1e12
+  if not per:
+    spec = flops.accelerator_spec(jax.devices()[0].device_kind)
+    per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3)
+  return per * jax.device_count()
+
+
+class _Preemption:
+  """SIGTERM sets `preempted`; the loop saves at the next step boundary and exits 0.
+
+  Python runs a signal handler only between bytecodes of the main thread, so a main thread blocked
+  inside tf.data (a stalled file system, a pathological input line) would never see it. The C-level
+  handler also writes to a wakeup pipe, which a watchdog thread reads at once: if the loop has not
+  reached its save `timeout_s` later, and is not saving, the process exits (code 1) after any
+  checkpoint already being written completes, so nothing newer than the last complete step is saved.
+  """
+
+  def __init__(self, timeout_s: float, checkpointer: ckpt_lib.Checkpointer):
+    self.preempted, self.phase, self.timeout_s = False, "start", float(timeout_s)
+    self._checkpointer, self._done = checkpointer, threading.Event()
+    self._installed = threading.current_thread() is threading.main_thread()
+    if not self._installed:   # signals can only be handled on the main thread (tests drive loops elsewhere too)
+      return
+    self._read, self._write = os.pipe()
+    os.set_blocking(self._write, False)
+    self._old_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+    self._old_handler = signal.signal(signal.SIGTERM, self._on_signal)
+    self._thread = threading.Thread(target=self._watch, name="sigterm-watchdog", daemon=True)
+    self._thread.start()
+
+  def _on_signal(self, *_):
+    self.preempted = True
+
+  def _watch(self) -> None:
+    while not self._done.is_set():
+      data = os.read(self._read, 64)
+      if not data or signal.SIGTERM in data:
+        break
+    if self._done.is_set():
+      return
+    self.preempted = True
+    if self._done.wait(self.timeout_s) or self.phase == "save":
+      return
+    logging.error("SIGTERM: the run is stuck in %s after %.0f s; exiting without saving (the last checkpoint "
+                  "is intact)", self.phase, self.timeout_s)
+    self._checkpointer.wait()
+    logging.flush()
+    os._exit(1)
+
+  def stop(self) -> None:
+    self._done.set()
+    if self._installed:
+      signal.signal(signal.SIGTERM, self._old_handler)
+      signal.set_wakeup_fd(self._old_fd)
+      os.close(self._write)   # the watchdog's read returns: it sees `done` and ends
+      self._thread.join(timeout=5)
+      os.close(self._read)
