@@ -3,32 +3,26 @@
 Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers
 folder) on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py
 (`--fast`: their `:fast` budgets and one seed), N seeds each, and prints one table: per task its
-standard metric, mean ± std over seeds, the average over tasks, and zero-shot cross-lingual columns
-(fine-tuned on English, scored in every other language the task has). OUT/downstream.json holds the
-same, OUT/TASK/seedN the runs; a re-run skips what is finished. The tasks, splits and model
-selection: mlm_jax/finetuning/suite.py; the table: mlm_jax/finetuning/suite_report.py.
+standard metric, mean ± std over seeds, the average over tasks, and zero-shot cross-lingual columns.
+OUT/downstream.json holds the same, OUT/TASK/seedN the runs; a re-run skips what is finished.
 """
 from __future__ import annotations
 
+import ast
+import os
+
+from absl import app, flags
+
 from mlm_jax import runtime
+from mlm_jax.errors import ConfigError
+from mlm_jax.finetuning import suite
+from mlm_jax.tasks import catalogue
 
-runtime.configure()   # before jax and tensorflow are imported: platform and log levels
-if __name__ == "__main__":
-  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
-
-import ast  # noqa: E402
-import os  # noqa: E402
-
-from absl import app, flags  # noqa: E402
-
-from mlm_jax import finetune  # noqa: E402  (its --init_from and --workdir are this binary's too)
-from mlm_jax.errors import ConfigError  # noqa: E402
-from mlm_jax.finetuning import suite  # noqa: E402
-
-FLAGS = flags.FLAGS
+_INIT_FROM = flags.DEFINE_string("init_from", None, "Pretraining workdir, from_hf folder or transformers folder.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (default: INIT_FROM/downstream_MODE).")
 _FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed.")
 _SEEDS = flags.DEFINE_integer("seeds", 0, "Seeds per task (default: 3, or 1 with --fast).")
-_TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(suite.BY_NAME)} (default: all).")
+_TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(catalogue.BY_NAME)} (default: all).")
 _RANDOM = flags.DEFINE_bool("random_init", False, "Baseline: init_from's architecture and tokenizer, random weights.")
 _LANGS = flags.DEFINE_string("pretrain_languages", "", "Languages the model was pretrained on, e.g. en,de "
                              "(default: the names of the workdir's data.sources, 'en=...').")
@@ -51,8 +45,8 @@ def _overrides(items: list) -> dict:
 
 def _workdir(init_from: str) -> str:
   """--workdir, else INIT_FROM/downstream_MODE[_random_init]."""
-  if FLAGS.workdir:
-    return FLAGS.workdir
+  if _WORKDIR.value:
+    return _WORKDIR.value
   if not os.access(init_from, os.W_OK):
     raise ConfigError(f"--init_from={init_from} is not writable: pass --workdir=OUT for the results")
   mode = "fast" if _FAST.value else "full"
@@ -62,10 +56,7 @@ def _workdir(init_from: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if FLAGS.config is not None:
-    raise app.UsageError("--config is mlm_jax.finetune's: the suite's budgets are configs/finetune/*.py (--set to "
-                         "override a field in all of them)")
-  init_from = FLAGS.init_from
+  init_from = _INIT_FROM.value
   if not init_from:
     raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
   if not os.path.isdir(init_from):

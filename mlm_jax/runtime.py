@@ -1,7 +1,8 @@
 """Process setup for every binary and tool: environment, logging, memory, distributed init.
 
-Some of it must be decided before jax or tensorflow is imported (platform, log levels), so each
-binary calls `configure()` as its first statement, and this module imports neither at top level.
+Some of it must be decided before jax or tensorflow is imported (platform, log levels, the
+allocator), so importing the package runs `bootstrap()` (mlm_jax/__init__.py), and this module
+imports neither at top level.
 
 The console is quiet by default and shows everything with `--verbosity=1` (absl's flag, read here
 from argv because the choices are made before absl parses flags):
@@ -82,9 +83,45 @@ def configure(argv: list[str] | None = None) -> int:
   return v
 
 
+# The binaries, by module and by console script (setup.py): started as one of them, the process
+# chooses its allocator when the package is imported, before jax and TensorFlow are.
+PROGRAMS = {"mlm_jax.train": "mlm-jax-train", "mlm_jax.finetune": "mlm-jax-finetune",
+            "mlm_jax.downstream": "mlm-jax-downstream"}
+
+
+def program(orig_argv: list[str] | None = None) -> str:
+  """The binary this process was started as (`python -m mlm_jax.train` or `mlm-jax-train`), or ''."""
+  argv = list(sys.orig_argv if orig_argv is None else orig_argv)[1:]
+  i = 0
+  while i < len(argv):
+    a = argv[i]
+    if a == "-m":
+      return argv[i + 1] if i + 1 < len(argv) and argv[i + 1] in PROGRAMS else ""
+    if a.startswith("-m"):
+      return a[2:] if a[2:] in PROGRAMS else ""
+    if a in ("-W", "-X"):   # interpreter options with a value
+      i += 2
+      continue
+    if a.startswith("-"):   # -c CODE, -u, -O, ...: not a binary of ours unless -m follows
+      if a == "-c":
+        return ""
+      i += 1
+      continue
+    name = os.path.basename(a)   # a script: one of the console scripts?
+    return next((m for m, script in PROGRAMS.items() if name == script), "")
+  return ""
+
+
+def bootstrap() -> None:
+  """What `import mlm_jax` does first: `configure()`, and in a binary on the CPU `choose_allocator()`."""
+  configure()
+  if program():
+    choose_allocator()
+
+
 def choose_allocator() -> None:
-  """A binary's second statement, under `if __name__ == "__main__"`: on the CPU backend, re-execute
-  under mimalloc (allocator.py says why); returns where it does not."""
+  """On the CPU backend, re-execute under mimalloc (allocator.py says why); returns where it does not.
+  The binaries do it when the package is imported (`bootstrap`); a tool calls it first in main()."""
   from mlm_jax import allocator
   from mlm_jax.errors import UserError
   platforms = os.environ.get("JAX_PLATFORMS", "")
@@ -237,6 +274,22 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     return
   logging.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
+
+
+def sync_processes(name: str) -> None:
+  """Barrier across processes (a no-op with one process)."""
+  import jax
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def first_process_then_all(name: str, work: Callable[[], None]) -> None:
+  """`work()` on process 0 only (a file every process then reads), then a barrier named `name`."""
+  import jax
+  if jax.process_index() == 0:
+    work()
+  sync_processes(name)
 
 
 def start(**distributed) -> None:

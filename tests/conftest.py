@@ -51,10 +51,10 @@ def corpus_and_tokenizer(tmp_path_factory):
   For runs of the training binary that must not depend on ../shared (see tests/test_train.py).
   """
   from mlm_jax.data import demo_corpus
-  from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+  from mlm_jax.data.tokenizers import spm_training
   root = tmp_path_factory.mktemp("demo_data")
   path = demo_corpus.write(str(root / "corpus"), max_bytes=600_000)
-  tok = tokenizer_train.train([path], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
+  tok = spm_training.train([path], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
   return path, tok.model_path
 
 

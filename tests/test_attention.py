@@ -128,8 +128,8 @@ def test_local_layers_follow_the_modernbert_pattern():
   cfg = _cfg(num_layers=7, global_attention_every=3)
   assert [attention.layer_window(cfg, i) for i in range(7)] == [0, 32, 32, 0, 32, 32, 0]
   assert [attention.layer_window(_cfg(global_attention_every=0), i) for i in range(3)] == [0, 0, 0]
-  model = Encoder(cfg)
-  assert model.layers[1].attention.rope_theta == 500.0 and model.layers[3].attention.rope_theta == 10000.0
+  encoder = Encoder(cfg)
+  assert encoder.layers[1].attention.rope_theta == 500.0 and encoder.layers[3].attention.rope_theta == 10000.0
 
 
 def test_resolve_impl():
@@ -164,8 +164,8 @@ def test_flops_count_windowed_attention():
 def test_configs_of_older_runs_without_the_new_fields_still_build():
   """config.json files written before these options lack their fields: they mean all-global, unscanned."""
   import ml_collections
-  from mlm_jax.model import encoder as model
-  from mlm_jax.workdir import files as workdir
+  from mlm_jax.model import encoder
+  from mlm_jax.workdir import files as workdir_files
   old = ml_collections.ConfigDict({k: v for k, v in _cfg().to_dict().items() if k not in attention.NEW_FIELDS})
-  _, params = model.abstract_model(workdir.migrate_model(old))   # completed once, when config.json is read
+  _, params = encoder.abstract_model(workdir_files.migrate_model(old))   # completed once, when config.json is read
   assert "layers" in params and flops.attended_keys(old, 128) == 3 * 128

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mlm_jax.workdir import checkpoints as checkpoint
+from mlm_jax.workdir import checkpoints
 
 
 def test_replicated_arrays_save_without_compiling_and_restore(tmp_path):
@@ -19,7 +19,7 @@ def test_replicated_arrays_save_without_compiling_and_restore(tmp_path):
   listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
-    ckpt = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+    ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
     ckpt.save(1, state, {"position": 3})
     ckpt.wait()
   finally:

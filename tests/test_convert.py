@@ -23,9 +23,10 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from mlm_jax.evaluation import fill_mask as inference  # noqa: E402
-from mlm_jax.convert import folders as cio  # noqa: E402
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train  # noqa: E402
+from mlm_jax.workdir import restore
+from mlm_jax.evaluation import fill_mask  # noqa: E402
+from mlm_jax.convert import folders  # noqa: E402
+from mlm_jax.data.tokenizers import spm_training  # noqa: E402
 
 
 def _tool(name):
@@ -48,7 +49,7 @@ def spm(shared_data, tmp_path_factory):
   (root / "text.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
   out = {}
   for layout in ("xlmr", "bert"):
-    tok = tokenizer_train.train([str(root / "text.txt")], str(root / layout), vocab_size=VOCAB, layout=layout,
+    tok = spm_training.train([str(root / "text.txt")], str(root / layout), vocab_size=VOCAB, layout=layout,
                                 byte_fallback=False, character_coverage=1.0, verbose=False)
     out[layout] = tok
   return out
@@ -75,8 +76,8 @@ def _hf_model(arch, vocab=VOCAB):
 def _save_hf(model, path, tok=None):
   model.save_pretrained(str(path))
   if tok is not None:   # our own tokenizer files, as to_hf writes them
-    from mlm_jax.convert import tokenizer_files as hf_tokenizer
-    hf_tokenizer.write(tok, str(path), 38)
+    from mlm_jax.convert import tokenizer_files
+    tokenizer_files.write(tok, str(path), 38)
   return path
 
 
@@ -100,8 +101,8 @@ def test_bert_for_pretraining_keeps_its_nsp_head(tmp_path, spm):
       vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
       max_position_embeddings=40, type_vocab_size=2, pad_token_id=0)).eval()
   src = _save_hf(model, tmp_path / "hf", spm["bert"])
-  cio.from_hf(str(src), str(tmp_path / "ours"))
-  lm = inference.from_workdir(str(tmp_path / "ours"))
+  folders.from_hf(str(src), str(tmp_path / "ours"))
+  lm = fill_mask.from_workdir(str(tmp_path / "ours"))
   assert lm.model_config.sentence_head and lm.model_config.use_pooler
   ids, mask, types = _padded_batch("bert", 0)
   with torch.no_grad():
@@ -114,7 +115,7 @@ def test_bert_for_pretraining_keeps_its_nsp_head(tmp_path, spm):
   real = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(lm.model.mlm_logits(hidden))[real], ref.prediction_logits.numpy()[real],
                              atol=1e-4, rtol=0)
-  cio.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"), arch="bert")
+  folders.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"), arch="bert")
   back = load_file(str(tmp_path / "back" / "model.safetensors"))
   for name in ("cls.seq_relationship.weight", "cls.seq_relationship.bias", "bert.pooler.dense.weight"):
     np.testing.assert_array_equal(back[name], model.state_dict()[name].numpy(), err_msg=name)
@@ -125,9 +126,9 @@ def test_hf_to_ours_to_hf_folders(tmp_path, spm, arch):
   model = _hf_model(arch)
   tok = spm["bert" if arch == "bert" else "xlmr"]
   src = _save_hf(model, tmp_path / "hf", tok)
-  summary = cio.from_hf(str(src), str(tmp_path / "ours"))
+  summary = folders.from_hf(str(src), str(tmp_path / "ours"))
   assert summary["tokenizer"] and os.path.exists(summary["tokenizer"])
-  cio.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"), arch=arch)
+  folders.to_hf(str(tmp_path / "ours"), str(tmp_path / "back"), arch=arch)
 
   ref = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   back = load_file(str(tmp_path / "back" / "model.safetensors"))
@@ -142,7 +143,7 @@ def test_hf_to_ours_to_hf_folders(tmp_path, spm, arch):
     np.testing.assert_array_equal(value.numpy(), ref[name], err_msg=name)
 
   # Our model, restored from the from_hf checkpoint, against transformers on a padded batch.
-  lm = inference.from_workdir(str(tmp_path / "ours"))
+  lm = fill_mask.from_workdir(str(tmp_path / "ours"))
   ids, mask, types = _padded_batch(arch, model.config.pad_token_id)
   with torch.no_grad():
     ref_logits = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
@@ -171,8 +172,8 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
   src = _save_hf(model, tmp_path / "hf", spm["xlmr"])
   assert convert_checkpoint.main(["from_hf", f"--hf_dir={src}", f"--out={tmp_path / 'ours'}"]) == 0
   assert f"--config.init_from={tmp_path / 'ours'}" in capsys.readouterr().out   # all it takes to continue
-  from mlm_jax.workdir import files as workdir_lib
-  assert workdir_lib.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
+  from mlm_jax.workdir import files as workdir_files
+  assert workdir_files.read_config(str(tmp_path / "ours")).model.first_layer_attention_norm is False
   assert convert_checkpoint.main(["to_hf", f"--workdir={tmp_path / 'ours'}", f"--out={tmp_path / 'back'}"]) == 0
   assert "(modernbert, step 0)" in capsys.readouterr().out
   reloaded, info = transformers.AutoModelForMaskedLM.from_pretrained(
@@ -185,7 +186,7 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
   with torch.no_grad():
     want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
     got_hf = reloaded.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
-  lm = inference.from_workdir(str(tmp_path / "ours"))
+  lm = fill_mask.from_workdir(str(tmp_path / "ours"))
   positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
   hidden = lm.model(jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions, jnp.int32))
   real = mask.astype(bool)
@@ -195,35 +196,35 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
 
 def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   """checkpoint.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
-  from mlm_jax.workdir import checkpoints as checkpoint, files as workdir_lib
+  from mlm_jax.workdir import checkpoints, files as workdir_files
   from mlm_jax.model.encoder import abstract_model
   model = _hf_model("xlm-roberta")
   src = _save_hf(model, tmp_path / "hf")
   out = tmp_path / "ours"
-  summary = cio.from_hf(str(src), str(out), tokenizer=spm["xlmr"].model_path)
-  config = workdir_lib.read_config(str(out))
+  summary = folders.from_hf(str(src), str(out), tokenizer=spm["xlmr"].model_path)
+  config = workdir_files.read_config(str(out))
   assert config.init_from == str(out) and config.data.tokenizer == summary["tokenizer"]
   assert summary["train_flags"] == [f"--config.init_from={out}"] and not summary["fresh_head"]
   _, abstract = abstract_model(config.model)
-  params, _ = checkpoint.restore_params(str(out), checkpoint.single_device(abstract))
+  params, _ = checkpoints.restore_params(str(out), checkpoints.single_device(abstract))
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()
   np.testing.assert_array_equal(np.asarray(params["word_embeddings"][...]), ref)
   # NSP / SOP on top of a source without a pooler and sentence head (a *ForMaskedLM): those start fresh
   nsp = config.model.copy_and_resolve_references()
   nsp.use_pooler = nsp.sentence_head = True
   _, abstract = abstract_model(nsp)
-  abstract = checkpoint.single_device(abstract)
-  with pytest.raises(checkpoint.CheckpointError, match="has no array params.pooler_bias"):
-    workdir_lib.restore_params_for(str(out), nsp, abstract)
+  abstract = checkpoints.single_device(abstract)
+  with pytest.raises(checkpoints.CheckpointError, match="has no array params.pooler_bias"):
+    restore.restore_params_for(str(out), nsp, abstract)
   for scan in (False, True):   # True: the source's layers are restacked on the way in
     nsp.scan_layers = scan
     _, abstract = abstract_model(nsp)
-    abstract = checkpoint.single_device(abstract)
+    abstract = checkpoints.single_device(abstract)
     fresh = jax.tree.map(lambda a: np.full(a.shape, 0.5, a.dtype), abstract)
-    got = workdir_lib.restore_params_for(str(out), nsp, abstract, fresh=fresh)
+    got = restore.restore_params_for(str(out), nsp, abstract, fresh=fresh)
     assert jax.tree.structure(got) == jax.tree.structure(abstract)
     np.testing.assert_array_equal(np.asarray(got["word_embeddings"][...]), ref)
-    assert all((np.asarray(got[k][...]) == 0.5).all() for k in workdir_lib.OBJECTIVE_PARAMS)
+    assert all((np.asarray(got[k][...]) == 0.5).all() for k in restore.OBJECTIVE_PARAMS)
 
   # --config.init_from is all it takes: the demo config's model is replaced by the source's, silently;
   # a run-time field stays the user's; a command-line model flag that contradicts the source is refused.
@@ -233,8 +234,9 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   demo = default_config()   # a 4-layer, 256-wide model: the source's 2 x 32 replaces it
   demo.init_from, demo.model.dtype, demo.data.seq_len = str(out), "bfloat16", 32
   run = tmp_path / "run"
-  resolved, tok = resolve.resolve_pretraining(demo, str(run), {"model.hidden_size": 32,
-                                                               "data.tokenizer": spm["xlmr"].model_path})
+  r = resolve.resolve_pretraining(demo, str(run), {"model.hidden_size": 32,
+                                                   "data.tokenizer": spm["xlmr"].model_path})
+  resolved, tok = r.config, r.tokenizer
   assert resolved.init_from == str(out) and resolved.data.tokenizer == summary["tokenizer"]
   assert tok.vocab_size == model.config.vocab_size
   for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "type_vocab_size", "position_offset",
@@ -246,7 +248,7 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   # A transformers folder is converted into WORKDIR/init_model; this one carries no tokenizer, so the
   # user's data.tokenizer is kept.
   demo.init_from, demo.data.tokenizer = str(src), spm["xlmr"].model_path
-  resolved, _ = resolve.resolve_pretraining(demo, str(run), {})
+  resolved = resolve.resolve_pretraining(demo, str(run), {}).config
   assert resolved.init_from == str(run / "init_model") and resolved.model.num_layers == 2
 
 
@@ -256,7 +258,7 @@ def test_pytorch_bin_only_through_weights_only(tmp_path, spm):
   src.mkdir()
   model.config.to_json_file(str(src / "config.json"))
   torch.save(model.state_dict(), str(src / "pytorch_model.bin"))
-  summary = cio.from_hf(str(src), str(tmp_path / "ok"), tokenizer=spm["bert"].model_path)
+  summary = folders.from_hf(str(src), str(tmp_path / "ok"), tokenizer=spm["bert"].model_path)
   assert summary["weights"].endswith("pytorch_model.bin")
 
   # A pickle that would run code when unpickled is refused, and never runs.
@@ -266,8 +268,8 @@ def test_pytorch_bin_only_through_weights_only(tmp_path, spm):
   model.config.to_json_file(str(bad / "config.json"))
   with open(bad / "pytorch_model.bin", "wb") as f:
     pickle.dump(_Exploit(str(marker)), f, protocol=2)
-  with pytest.raises(cio.ConversionError, match="weights_only=True"):
-    cio.from_hf(str(bad), str(tmp_path / "bad_out"))
+  with pytest.raises(folders.ConversionError, match="weights_only=True"):
+    folders.from_hf(str(bad), str(tmp_path / "bad_out"))
   assert not marker.exists()
 
 
@@ -360,19 +362,19 @@ def test_never_writes_into_existing_output(tmp_path, spm, capsys):
 
 
 def test_fill_mask_errors(tmp_path, spm, capsys):
-  fill_mask = _tool("fill_mask")
+  tool = _tool("fill_mask")
   src = _save_hf(_hf_model("xlm-roberta"), tmp_path / "hf")   # weights only, no tokenizer files
   capsys.readouterr()
-  assert fill_mask.main([f"--hf_dir={src}", "a <mask> b"]) == 2
+  assert tool.main([f"--hf_dir={src}", "a <mask> b"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "missing tokenizer" in err[0], err
-  assert fill_mask.main([f"--hf_dir={src}", f"--tokenizer={spm['xlmr'].model_path}", "no mask here"]) == 2
+  assert tool.main([f"--hf_dir={src}", f"--tokenizer={spm['xlmr'].model_path}", "no mask here"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "no mask token" in err[0], err
-  assert fill_mask.main([f"--workdir={tmp_path / 'nowhere'}", "a <mask> b"]) == 2
+  assert tool.main([f"--workdir={tmp_path / 'nowhere'}", "a <mask> b"]) == 2
   assert "nowhere" in capsys.readouterr().err
   # With the tokenizer given, the same folder predicts: probabilities of a distribution.
-  assert fill_mask.main([f"--hf_dir={src}", f"--tokenizer={spm['xlmr'].model_path}", "a <mask> b", "--json"]) == 0
+  assert tool.main([f"--hf_dir={src}", f"--tokenizer={spm['xlmr'].model_path}", "a <mask> b", "--json"]) == 0
   preds = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["results"][0]["masks"][0]["predictions"]
   assert len(preds) == 5 and 0 < sum(p["probability"] for p in preds) <= 1
   assert all(a["probability"] >= b["probability"] for a, b in zip(preds, preds[1:]))

@@ -12,9 +12,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from mlm_jax.evaluation import fill_mask as inference  # noqa: E402
-from mlm_jax.convert import tokenizer_files as hf_tokenizer  # noqa: E402
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train  # noqa: E402
+from mlm_jax.evaluation import fill_mask  # noqa: E402
+from mlm_jax.convert import tokenizer_files  # noqa: E402
+from mlm_jax.data.tokenizers import spm_training  # noqa: E402
 
 # language: (file under corpus/, TSV text column or None)
 LANGS = {
@@ -63,11 +63,11 @@ EDGE = ["  two   spaces  ", "tab\there", "full\u3000width ＡＢＣ ｽﾍﾟｰ
 @pytest.mark.parametrize("layout,model_type", [("xlmr", "unigram"), ("bert", "bpe")])
 def test_auto_tokenizer_gives_our_ids(texts, tmp_path, layout, model_type):
   train, held = texts
-  tok = tokenizer_train.train(train, str(tmp_path / "spm"), vocab_size=1500, layout=layout, model_type=model_type,
+  tok = spm_training.train(train, str(tmp_path / "spm"), vocab_size=1500, layout=layout, model_type=model_type,
                               character_coverage=0.98, verbose=False)
   out = tmp_path / "hf"
   out.mkdir()
-  hf_tokenizer.write(tok, str(out), model_max_length=512)
+  tokenizer_files.write(tok, str(out), model_max_length=512)
   theirs = transformers.AutoTokenizer.from_pretrained(str(out))
 
   lines = held + EDGE
@@ -81,7 +81,7 @@ def test_auto_tokenizer_gives_our_ids(texts, tmp_path, layout, model_type):
   assert (theirs.pad_token_id, theirs.bos_token_id, theirs.eos_token_id, theirs.unk_token_id) == (
       tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id)
   for text in (f"Paris is the {mask} of France.", f"{mask} начало{mask}конец {mask}", f"日本{mask}。"):
-    ids, masks = inference.encode_with_masks(tok, text)
+    ids, masks = fill_mask.encode_with_masks(tok, text)
     assert theirs(text)["input_ids"] == ids, text
     assert [ids[i] for i in masks] == [tok.mask_id] * text.count(mask)
   # Decoding a single id gives what our decode gives (the fill-mask pipeline's token_str).
@@ -95,7 +95,7 @@ def test_xlmr_sentencepiece_bpe_model_is_read_with_transformers_ids(texts, tmp_p
   """A transformers XLM-R folder carries fairseq's sentencepiece.bpe.model (ids shifted by one);
   from_hf / fill_mask --hf_dir rewrite it into our layout, giving transformers' own ids."""
   import sentencepiece as spm
-  from mlm_jax.convert import folders as checkpoint_io
+  from mlm_jax.convert import folders
   train, held = texts
   folder = tmp_path / "xlmr"
   folder.mkdir()
@@ -103,12 +103,12 @@ def test_xlmr_sentencepiece_bpe_model_is_read_with_transformers_ids(texts, tmp_p
   spm.SentencePieceTrainer.train(input=",".join(train.values()), model_prefix=str(folder / "sentencepiece.bpe"),
                                  vocab_size=1500, character_coverage=0.98, minloglevel=2)
   theirs = transformers.XLMRobertaTokenizer.from_pretrained(str(folder))
-  ours = checkpoint_io.folder_tokenizer(str(folder))   # what from_hf and fill_mask --hf_dir read
+  ours = folders.folder_tokenizer(str(folder))   # what from_hf and fill_mask --hf_dir read
   assert ours.vocab_size == len(theirs) == 1502
   assert (ours.bos_id, ours.pad_id, ours.eos_id, ours.unk_id, ours.mask_id) == (
       theirs.bos_token_id, theirs.pad_token_id, theirs.eos_token_id, theirs.unk_token_id, theirs.mask_token_id)
   for line in held + ["Paris is the <mask> of France."]:
     want = theirs(line)["input_ids"]
-    got = (inference.encode_with_masks(ours, line)[0] if "<mask>" in line
+    got = (fill_mask.encode_with_masks(ours, line)[0] if "<mask>" in line
            else [ours.bos_id] + ours.encode(line) + [ours.eos_id])
     assert got == want, line

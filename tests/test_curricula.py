@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from mlm_jax.objectives import masking
-from mlm_jax.config import curricula as schedules
-from mlm_jax.config import data_defaults as data_config
-from mlm_jax.data.store import loader as store_pipeline
+from mlm_jax.config import curricula
+from mlm_jax.config import defaults
+from mlm_jax.data.store import loader
 from mlm_jax.data.store import prepare
 from mlm_jax.config.defaults import masking_defaults
 from mlm_jax.errors import ConfigError, DataError
@@ -27,28 +27,28 @@ def store(corpus_and_tokenizer, shared_data, tmp_path_factory):
 
 
 def _cfg(root, tmp_path, **kw):
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.sources, c.seq_len = (f"store:{root}",), 32
   c.update(kw)
   return c
 
 
 def _pipe(c, tmp_path, batch=8):
-  return store_pipeline.StorePipeline(c, batch, seed=3, cache_dir=str(tmp_path / "index"))
+  return loader.StorePipeline(c, batch, seed=3, cache_dir=str(tmp_path / "index"))
 
 
 def test_schedule_values_at_phase_boundaries_host_and_traced():
-  steps, values = schedules.parse(("0:0.3", "100:0.15", "300:0.05"), "k")
+  steps, values = curricula.parse(("0:0.3", "100:0.15", "300:0.05"), "k")
   for mode, want in (("constant", {0: .3, 99: .3, 100: .15, 299: .15, 300: .05, 10**6: .05}),
                      ("linear", {0: .3, 50: .225, 100: .15, 200: .1, 300: .05, 10**6: .05})):
     for s, v in want.items():
-      assert schedules.value_at(steps, values, s, mode) == pytest.approx(v)
-      traced = jax.jit(lambda t: schedules.value_at_traced(steps, values, t, mode))(jnp.int32(min(s, 2**30)))
+      assert curricula.value_at(steps, values, s, mode) == pytest.approx(v)
+      traced = jax.jit(lambda t: curricula.value_at_traced(steps, values, t, mode))(jnp.int32(min(s, 2**30)))
       assert float(traced) == pytest.approx(v, abs=1e-6)
   for bad, msg in ((("5:0.1",), "must start at step 0"), (("0:0.1", "0:0.2"), "must increase"),
                    (("0=0.1",), "bad phase")):
     with pytest.raises(ConfigError, match=msg):
-      schedules.parse(bad, "masking.mask_rate_schedule")
+      curricula.parse(bad, "masking.mask_rate_schedule")
 
 
 def test_mask_rate_schedule_slots_sized_for_max_and_rate_applied():
@@ -113,11 +113,11 @@ def test_mmbert_like_config_phases():
   spec.loader.exec_module(mod)
   for size, (p2, p3) in (("demo", (100, 200)), ("base", (770_000, 970_000))):
     c = mod.get_config(size)
-    bounds, phases = schedules.data_phases(c.data)
+    bounds, phases = curricula.data_phases(c.data)
     assert bounds.tolist() == [0, p2, p3]
     assert [a for a, _ in phases] == [0.7, 0.5, 0.3]
     assert [len(w) for _, w in phases] == [6, 3, 0] and phases[1][1] == {"bn", "hy", "mr"}
-    assert [schedules.mask_rate(c.masking, s) for s in (0, p2 - 1, p2, p3)] == [0.3, 0.3, 0.15, 0.05]
+    assert [curricula.mask_rate(c.masking, s) for s in (0, p2 - 1, p2, p3)] == [0.3, 0.3, 0.15, 0.05]
     assert masking.max_predictions(c.masking, c.data.seq_len, "cpu") == -(-3 * c.data.seq_len // 10)
     assert {s.split("=")[0] for s in mod.SOURCES} == set(mod.STAGES[0] + mod.STAGES[1]) | {
         "en", "de", "fr", "es", "it", "ru", "zh", "ja"}

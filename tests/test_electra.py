@@ -10,8 +10,8 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from mlm_jax.objectives import electra, electra_model as electra_pair  # noqa: E402
-from mlm_jax.convert import electra_towers as electra_convert  # noqa: E402
+from mlm_jax.objectives import electra, electra_model  # noqa: E402
+from mlm_jax.convert import electra_towers  # noqa: E402
 from mlm_jax.config.defaults import default_config  # noqa: E402
 
 V, S, B = 97, 16, 3
@@ -32,8 +32,8 @@ def _config(scan=False, embedding_size=16):
 def _pair(config, noise=0.05):
   """(graphdef, params) of a pair with every parameter perturbed (no LayerNorm of ones or bias of zeros
   to hide a mistake)."""
-  graphdef, params = electra_pair.abstract_pair(config)
-  params = jax.jit(lambda: nnx.state(electra_pair.ElectraPair(config, seed=0), nnx.Param))()
+  graphdef, params = electra_model.abstract_pair(config)
+  params = jax.jit(lambda: nnx.state(electra_model.ElectraPair(config, seed=0), nnx.Param))()
   rng = np.random.default_rng(5)
   params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + noise * rng.standard_normal(x.shape), x.dtype), params)
   return graphdef, params
@@ -73,15 +73,15 @@ def _batch():
 
 
 def _hf_models(config, params):
-  flats = electra_convert.tower_flats(params, config)
+  flats = electra_towers.tower_flats(params, config)
   out = {}
-  for kind, cls, cfg in ((electra_convert.DISCRIMINATOR, transformers.ElectraForPreTraining,
-                          electra_pair.discriminator_config(config)),
-                         (electra_convert.GENERATOR, transformers.ElectraForMaskedLM, electra_pair.generator_config(config))):
+  for kind, cls, cfg in ((electra_towers.DISCRIMINATOR, transformers.ElectraForPreTraining,
+                          electra_model.discriminator_config(config)),
+                         (electra_towers.GENERATOR, transformers.ElectraForMaskedLM, electra_model.generator_config(config))):
     tok = type("Tok", (), dict(pad_id=1, bos_id=0, eos_id=2, mask_id=V - 1))()
-    hcfg = electra_convert.hf_config(cfg, kind, tok)
+    hcfg = electra_towers.hf_config(cfg, kind, tok)
     model = cls(transformers.ElectraConfig(**hcfg)).eval()
-    sd = {k: torch.from_numpy(v.copy()) for k, v in electra_convert.state_dict(flats[kind], cfg, kind).items()}
+    sd = {k: torch.from_numpy(v.copy()) for k, v in electra_towers.state_dict(flats[kind], cfg, kind).items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected and set(missing) <= {"generator_lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
@@ -107,7 +107,7 @@ def test_losses_and_logits_match_transformers(scanned_pair):
       if wt > 0:
         labels[b, p] = l
   with torch.no_grad():
-    g = models[electra_convert.GENERATOR](input_ids=torch.from_numpy(np.asarray(batch["input_ids"])).long(),
+    g = models[electra_towers.GENERATOR](input_ids=torch.from_numpy(np.asarray(batch["input_ids"])).long(),
                                           attention_mask=mask, labels=torch.from_numpy(labels))
   assert sums["num_predictions"] == (labels >= 0).sum() > 0
   np.testing.assert_allclose(sums["loss_sum"] / sums["num_predictions"], g.loss.item(), rtol=1e-4, atol=1e-4)
@@ -116,7 +116,7 @@ def test_losses_and_logits_match_transformers(scanned_pair):
 
   # Discriminator: on the corrupted sequence, BCE over the real tokens with our labels.
   with torch.no_grad():
-    d = models[electra_convert.DISCRIMINATOR](input_ids=torch.from_numpy(np.asarray(out["corrupted"])).long(),
+    d = models[electra_towers.DISCRIMINATOR](input_ids=torch.from_numpy(np.asarray(out["corrupted"])).long(),
                                               attention_mask=mask, labels=torch.from_numpy(np.asarray(out["labels"])))
   np.testing.assert_allclose(sums["disc_loss_sum"] / sums["num_tokens"], d.loss.item(), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(np.asarray(out["disc_logits"])[real], d.logits.numpy()[real], atol=1e-4, rtol=1e-4)
@@ -147,14 +147,14 @@ def test_replacements_come_from_masked_slots_and_labels_mark_changes(scanned_pai
 
 def test_runs_from_before_the_shared_embedding_norm_keep_one_per_tower():
   """A config.json written before electra.share_embedding_norm reads as False: the two norms it saved."""
-  from mlm_jax.workdir import files as workdir
+  from mlm_jax.workdir import files as workdir_files
   old = default_config().to_dict()
   old["objective"] = "electra"
   del old["electra"]["share_embedding_norm"]
-  config = workdir.migrate(ml_collections.ConfigDict(old))
+  config = workdir_files.migrate(ml_collections.ConfigDict(old))
   assert config.electra.share_embedding_norm is False
   config.model.update(_config().model.to_dict())
-  _, shapes = electra_pair.abstract_pair(config)
+  _, shapes = electra_model.abstract_pair(config)
   assert "embeddings_norm" in shapes["generator"] and "embeddings_norm" in shapes["discriminator"]
 
 
@@ -162,7 +162,7 @@ def test_gumbel_max_samples_follow_the_softmax():
   logits = jnp.log(jnp.asarray([0.5, 0.3, 0.15, 0.05]))[None, None, :]
   n = 20000
   seeds = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(jax.random.key(0), i)))(jnp.arange(n))
-  draws = np.asarray(electra_pair.sample_slots(jnp.broadcast_to(logits, (n, 1, 4)), seeds))[:, 0]
+  draws = np.asarray(electra_model.sample_slots(jnp.broadcast_to(logits, (n, 1, 4)), seeds))[:, 0]
   freq = np.bincount(draws, minlength=4) / n
   np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.015)
 

@@ -17,7 +17,7 @@ import evaluate  # noqa: E402
 @pytest.fixture(scope="module")
 def workdir(corpus_and_tokenizer, tmp_path_factory):
   from flax import nnx
-  from mlm_jax.workdir import checkpoints as checkpoint
+  from mlm_jax.workdir import checkpoints
   from mlm_jax.data.tokenizers import load as tokenizer_load
   from mlm_jax.config.defaults import default_config
   from mlm_jax.model.encoder import Encoder
@@ -29,7 +29,7 @@ def workdir(corpus_and_tokenizer, tmp_path_factory):
                       max_position_embeddings=66, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5))
   wd = tmp_path_factory.mktemp("evaluate") / "run"
   params = nnx.state(Encoder(c.model, seed=3), nnx.Param)
-  ckpt = checkpoint.Checkpointer(str(wd), async_save=False)
+  ckpt = checkpoints.Checkpointer(str(wd), async_save=False)
   ckpt.save(7, {"params": params}, {})
   ckpt.close()
   (wd / "config.json").write_text(c.to_json_best_effort())
@@ -65,8 +65,8 @@ def test_mlm_metrics_and_pll(workdir, capsys):
 def test_pll_matches_direct_computation(workdir):
   import jax
   import jax.numpy as jnp
-  from mlm_jax.evaluation import fill_mask as inference
-  lm = inference.from_workdir(str(workdir))
+  from mlm_jax.evaluation import fill_mask
+  lm = fill_mask.from_workdir(str(workdir))
   rows = evaluate.sequences(lm.tokenizer, [str(workdir.parent / "held_out.txt")], 32, max_lines=1)
   got = evaluate.pseudo_log_likelihood(lm, rows, 32, batch_size=4)   # several batches, last one padded
   seq = rows[0]
@@ -91,8 +91,8 @@ def test_errors_are_one_line(workdir, capsys):
 def test_against_transformers_scores_the_same_masks(workdir, tmp_path, capsys):
   """--against_transformers: transformers' own loss on our corrupted batches equals ours (an exact import)."""
   pytest.importorskip("transformers")
-  from mlm_jax.convert import folders as checkpoint_io
-  checkpoint_io.to_hf(str(workdir), str(tmp_path / "hf"))
+  from mlm_jax.convert import folders
+  folders.to_hf(str(workdir), str(tmp_path / "hf"))
   code, out, err = _run(capsys, f"--hf_dir={tmp_path / 'hf'}", f"--data={workdir.parent / 'held_out.txt'}",
                         "--seq_len=32", "--batch_size=8", "--max_lines=16", "--pll_lines=0", "--against_transformers")
   assert code == 0, err

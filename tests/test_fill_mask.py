@@ -55,10 +55,10 @@ def _losses(workdir):
 def pretrained(tmp_path_factory):
   """(workdir, corpus, tokenizer) of a short demo pretraining on a 2x2 mesh of 4 devices."""
   from mlm_jax.data import demo_corpus
-  from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+  from mlm_jax.data.tokenizers import spm_training
   root = tmp_path_factory.mktemp("fill_mask")
   corpus = demo_corpus.write(str(root / "corpus"), max_bytes=200_000)
-  tok = tokenizer_train.train([corpus], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
+  tok = spm_training.train([corpus], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
   workdir = root / "run"
   p = _run(_train_cmd(workdir, corpus, tok.model_path, "--config.mesh.data=2", "--config.mesh.tensor=2",
                       "--config.optimizer.learning_rate=3e-3", steps=60), devices=4)
@@ -81,14 +81,14 @@ def test_exported_folder_in_pipeline_matches_fill_mask(pretrained, tmp_path, cap
   pipe = transformers.pipeline("fill-mask", model=model, tokenizer=hf_tok)
   theirs = pipe(SENTENCE, top_k=5)
 
-  from mlm_jax.evaluation import fill_mask as inference
-  ids, _ = inference.encode_with_masks(tok, SENTENCE)
+  from mlm_jax.evaluation import fill_mask
+  ids, _ = fill_mask.encode_with_masks(tok, SENTENCE)
   assert hf_tok(SENTENCE)["input_ids"] == ids
 
-  fill_mask = _tool("fill_mask")
+  tool = _tool("fill_mask")
   for source in (f"--workdir={workdir}", f"--hf_dir={out}"):
     capsys.readouterr()
-    assert fill_mask.main([source, SENTENCE, "--top_k=5", "--json"]) == 0
+    assert tool.main([source, SENTENCE, "--top_k=5", "--json"]) == 0
     ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     preds = ours["results"][0]["masks"][0]["predictions"]
     assert [p["id"] for p in preds] == [t["token"] for t in theirs], (source, preds, theirs)
@@ -96,7 +96,7 @@ def test_exported_folder_in_pipeline_matches_fill_mask(pretrained, tmp_path, cap
     np.testing.assert_allclose([p["probability"] for p in preds], [t["score"] for t in theirs], atol=1e-4, rtol=0)
 
   # The table form names every prediction.
-  assert fill_mask.main([f"--workdir={workdir}", SENTENCE, "--top_k=3"]) == 0
+  assert tool.main([f"--workdir={workdir}", SENTENCE, "--top_k=3"]) == 0
   table = capsys.readouterr().out
   assert "mask 1" in table and all(str(t["token"]) in table for t in theirs[:3])
 

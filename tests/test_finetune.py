@@ -139,7 +139,7 @@ def test_best_span_is_valid_and_optimal():
 def test_qa_windows_and_offsets_round_trip(shared_data, tok, lang):
   """Oracle logits on the gold pieces give back the gold answers (exact slices of the paragraph),
   also for Chinese, whose characters are byte-fallback pieces for this English tokenizer."""
-  from mlm_jax.tasks import metrics as metrics_tasks
+  from mlm_jax.tasks import metrics as task_metrics
   ex = readers.read_squad([str(shared_data / f"downstream/qa_xquad/xquad.{lang}.json.gz")])[:40]
   arrays, feats = qa.encode(ex, tok, 96, type_vocab_size=1, max_query_length=24, doc_stride=32)
   assert len(feats) > len(ex)      # long paragraphs span several windows
@@ -152,7 +152,7 @@ def test_qa_windows_and_offsets_round_trip(shared_data, tok, lang):
       assert s in feats[r].char_spans and e in feats[r].char_spans
       start[r, s], end[r, e] = 10.0, 10.0
   pred = qa.decode(start, end, feats, ex, max_answer_length=64)
-  scores = metrics_tasks.squad({e.id: [a["text"] for a in e.answers] for e in ex}, pred)
+  scores = task_metrics.squad({e.id: [a["text"] for a in e.answers] for e in ex}, pred)
   assert scores["f1"] > 0.95, scores
   assert all(pred[e.id] in e.context for e in ex)
 
@@ -165,7 +165,7 @@ def hf_folder(tmp_path_factory, tok):
   """A tiny random XLM-R saved by transformers, with our sentencepiece model as its tokenizer."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from mlm_jax.convert import tokenizer_files as hf_tokenizer
+  from mlm_jax.convert import tokenizer_files
   torch.manual_seed(0)
   conf = transformers.XLMRobertaConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
                                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=66,
@@ -173,7 +173,7 @@ def hf_folder(tmp_path_factory, tok):
                                        eos_token_id=tok.eos_id, layer_norm_eps=1e-5)
   path = tmp_path_factory.mktemp("hf") / "tiny-xlmr"
   transformers.XLMRobertaForMaskedLM(conf).save_pretrained(str(path))
-  hf_tokenizer.write(tok, str(path), 64)
+  tokenizer_files.write(tok, str(path), 64)
   return str(path)
 
 

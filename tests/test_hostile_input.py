@@ -4,10 +4,10 @@ import logging
 
 import pytest
 
-from mlm_jax.config import data_defaults as data_config
+from mlm_jax.config import defaults
 from mlm_jax.data.store import prepare
-from mlm_jax.data.text import stream as pipeline
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+from mlm_jax.data.text import stream
+from mlm_jax.data.tokenizers import spm_training
 from mlm_jax.errors import DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
@@ -16,7 +16,7 @@ ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
 @pytest.fixture(scope="module")
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("hostile_tok")
-  return tokenizer_train.train([f"de={shared_data / ALICE}"], str(root / "spm"), vocab_size=400,
+  return spm_training.train([f"de={shared_data / ALICE}"], str(root / "spm"), vocab_size=400,
                                max_sentences_per_language=1500, input_sentence_size=1500, verbose=False)
 
 
@@ -37,14 +37,14 @@ def bad_files(shared_data, tmp_path_factory):
 
 
 def _cfg(spec, **kw):
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.update(dict(sources=(f"x={spec}",), eval_percent=0.0, seq_len=64, shuffle_buffer=0), **kw)
   return c
 
 
 def _stream_epoch(cfg, tok):
-  stats = pipeline.new_stats(cfg)
-  n = sum(1 for _ in pipeline.build_dataset(cfg, tok, 8, 0, stats=stats,
+  stats = stream.new_stats(cfg)
+  n = sum(1 for _ in stream.build_dataset(cfg, tok, 8, 0, stats=stats,
                                             repeat=False).as_numpy_iterator())
   return n, stats.as_dict()
 
@@ -53,7 +53,7 @@ def test_streaming_cuts_long_lines(bad_files, tok):
   n, stats = _stream_epoch(_cfg(bad_files / "long.txt", max_line_bytes=1 << 14), tok)
   assert stats["long_lines_cut"] == 1 and n > 0
   with pytest.raises(DataError, match="long lines cut in.*long.txt"):
-    next(pipeline.Pipeline(_cfg(bad_files / "long.txt", max_line_bytes=1 << 14, strict=True),
+    next(stream.Pipeline(_cfg(bad_files / "long.txt", max_line_bytes=1 << 14, strict=True),
                            tok, 8, 0))
 
 
@@ -63,7 +63,7 @@ def test_streaming_warns_about_truncated_gzip_once(bad_files, tok, caplog):
     n, stats = _stream_epoch(cfg, tok)
   assert n > 0 and stats["truncated_files"] == 1
   assert sum("cut.txt.gz is truncated" in r.getMessage() for r in caplog.records) == 1
-  strict = pipeline.Pipeline(_cfg(bad_files / "cut.txt.gz", strict=True), tok, 8, 0)
+  strict = stream.Pipeline(_cfg(bad_files / "cut.txt.gz", strict=True), tok, 8, 0)
   with pytest.raises(DataError) as e:
     for _ in range(500):
       next(strict)
@@ -72,7 +72,7 @@ def test_streaming_warns_about_truncated_gzip_once(bad_files, tok, caplog):
 
 def test_streaming_strict_refuses_invalid_utf8(bad_files, tok):
   with pytest.raises(DataError, match="invalid utf8 lines in.*utf8.txt"):
-    next(pipeline.Pipeline(_cfg(bad_files / "utf8.txt", strict=True), tok, 8, 0))
+    next(stream.Pipeline(_cfg(bad_files / "utf8.txt", strict=True), tok, 8, 0))
 
 
 def _prepare(root, spec, tok, **kw):

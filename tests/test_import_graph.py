@@ -1,8 +1,8 @@
-"""No import cycle in mlm_jax/: the package's import graph, read from source with `ast`.
+"""The package's import graph, read from source with `ast`: imports point down the layers, and no
+library module imports a binary, nor is there a cycle.
 
-Arrows must point down (binaries -> loop/step -> objectives -> model/masking -> leaf helpers). A
-cycle, even through an import inside a function, means two modules are one concept split in two or
-a leaf reaches up. The failure names every cycle and the imports that close it.
+An import inside a function counts like one at the top of the file. The failures name every import
+that points the wrong way, and every cycle with the imports that close it.
 """
 from __future__ import annotations
 
@@ -106,6 +106,109 @@ def describe(component: list[str], edges: dict[str, set[str]]) -> str:
   members = set(component)
   arrows = [f"{a} -> {b}" for a in component for b in sorted(edges[a] & members)]
   return f"{len(component)} modules: " + "; ".join(arrows)
+
+
+# The layers, lowest first; a module may import its own layer and the ones before it. Layers that share
+# a rank (objectives, data) may not import each other. `mlm_jax` itself (__init__.py) is a leaf.
+LAYERS = (
+    ("leaves", ("mlm_jax", "mlm_jax.errors", "mlm_jax.runtime", "mlm_jax.allocator", "mlm_jax.paths"), 0),
+    ("config", ("mlm_jax.config",), 1),
+    ("model", ("mlm_jax.model",), 2),
+    ("objectives", ("mlm_jax.objectives",), 3),
+    ("data", ("mlm_jax.data",), 3),
+    ("workdir", ("mlm_jax.workdir",), 4),
+    ("convert", ("mlm_jax.convert",), 5),
+    ("training", ("mlm_jax.training",), 6),
+    ("tasks", ("mlm_jax.tasks",), 7),
+    ("evaluation", ("mlm_jax.evaluation",), 8),
+    ("finetuning", ("mlm_jax.finetuning",), 9),
+    ("binaries", ("mlm_jax.train", "mlm_jax.finetune", "mlm_jax.downstream"), 10),
+)
+# Imports allowed against the order, each with its reason.
+EXCEPTIONS = {
+    ("mlm_jax.objectives.electra", "mlm_jax.convert.electra_towers"):
+        "a plug-in owns its export: ELECTRA writes two transformers folders (Objective.to_hf), imported when asked",
+}
+
+
+def layer_of(module: str, layers=LAYERS) -> tuple[str, int]:
+  """(layer name, rank) of a module: the layer of its longest matching prefix."""
+  best = None
+  for name, prefixes, rank in layers:
+    for prefix in prefixes:
+      if module == prefix or module.startswith(prefix + ".") and prefix != "mlm_jax":
+        if best is None or len(prefix) > best[0]:
+          best = (len(prefix), name, rank)
+  if best is None:
+    raise AssertionError(f"{module} belongs to no layer of tests/test_import_graph.py's LAYERS")
+  return best[1], best[2]
+
+
+def wrong_way(edges: dict[str, set[str]], layers=LAYERS, exceptions=EXCEPTIONS) -> list[str]:
+  """One line per import that points up the layers or sideways between layers of one rank."""
+  binaries = {p for name, prefixes, _ in layers if name == "binaries" for p in prefixes}
+  allowed = {(a, ".".join(b.split(".")[:i])) for a, b in exceptions for i in range(2, b.count(".") + 2)}   # and
+  out = []                                                                  # the packages the import runs
+  for a in sorted(edges):
+    la, ra = layer_of(a, layers)
+    for b in sorted(edges[a]):
+      lb, rb = layer_of(b, layers)
+      if la == lb or (a, b) in allowed:
+        continue
+      if b in binaries:
+        out.append(f"{a} -> {b}: library code imports a binary")
+      elif rb >= ra:
+        out.append(f"{a} ({la}) -> {b} ({lb}): points {'up' if rb > ra else 'sideways'} the layers")
+  return out
+
+
+def test_imports_point_down_the_layers():
+  edges = graph()
+  assert len(edges) > 60, f"expected the mlm_jax package at {PACKAGE_ROOT}"
+  bad = wrong_way(edges)
+  assert not bad, "imports against the layers of mlm_jax/ (tests/test_import_graph.py's LAYERS):\n" + "\n".join(bad)
+  used = {(a, b) for a in edges for b in edges[a]}
+  assert set(EXCEPTIONS) <= used, f"exceptions that no longer occur: {sorted(set(EXCEPTIONS) - used)}"
+
+
+def test_a_wrong_way_import_is_found(tmp_path):
+  """The checker itself: an upward import inside a function, a sideways one and a library module that
+  imports a binary are each named; the allowed exception and same-layer imports are not."""
+  pkg = tmp_path / "pkg"
+  for sub in ("low", "mid", "side"):
+    (pkg / sub).mkdir(parents=True)
+    (pkg / sub / "__init__.py").write_text("")
+  (pkg / "__init__.py").write_text("")
+  (pkg / "low" / "a.py").write_text("def f():\n  from pkg.mid import b\n")          # up, in a function
+  (pkg / "low" / "c.py").write_text("from pkg.low import a\n")                        # same layer
+  (pkg / "mid" / "b.py").write_text("from pkg.low import c\nimport pkg.side.d\n")   # down; sideways
+  (pkg / "side" / "d.py").write_text("from pkg import main\n")                        # a binary
+  (pkg / "side" / "e.py").write_text("from pkg.mid import b\n")                       # up, excepted
+  (pkg / "main.py").write_text("from pkg.mid import b\n")
+  layers = (("leaves", ("pkg",), 0), ("low", ("pkg.low",), 1), ("mid", ("pkg.mid",), 2),
+            ("side", ("pkg.side",), 2), ("binaries", ("pkg.main",), 3))
+  bad = wrong_way(graph(pkg), layers, {("pkg.side.e", "pkg.mid.b"): "test"})
+  assert bad == ["pkg.low.a (low) -> pkg.mid (mid): points up the layers",
+                 "pkg.low.a (low) -> pkg.mid.b (mid): points up the layers",
+                 "pkg.mid.b (mid) -> pkg.side (side): points sideways the layers",
+                 "pkg.mid.b (mid) -> pkg.side.d (side): points sideways the layers",
+                 "pkg.side.d -> pkg.main: library code imports a binary"], bad
+
+
+def test_the_tree_has_few_loose_modules_and_no_name_twice():
+  """At most 8 modules beside the packages; no module basename twice; none named like a builtin."""
+  import builtins
+  loose = sorted(p.name for p in PACKAGE_ROOT.glob("*.py"))
+  assert len(loose) <= 8, loose
+  names = {}
+  for path in PACKAGE_ROOT.rglob("*.py"):
+    if path.name != "__init__.py":
+      names.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE_ROOT)))
+  twice = {k: v for k, v in names.items() if len(v) > 1}
+  assert not twice, twice
+  shadowing = sorted(n for n in names if n in dir(builtins)) + sorted(
+      str(p.relative_to(PACKAGE_ROOT)) for p in PACKAGE_ROOT.rglob("*") if p.is_dir() and p.name in dir(builtins))
+  assert not shadowing, shadowing
 
 
 def test_the_package_has_no_import_cycle():

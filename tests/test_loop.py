@@ -13,7 +13,7 @@ from subproc import REPO, cpu_env
 
 def tiny_trainer(devices, **train):
   """A 1-layer, 16-wide encoder on a 64-piece vocabulary, its Trainer on `devices` (None: all)."""
-  from mlm_jax.training import resolve, trainer as step
+  from mlm_jax.training import resolve, trainer as trainer_lib
   from mlm_jax.model import sharding
   from mlm_jax.config.defaults import default_config
   c = default_config()
@@ -21,8 +21,8 @@ def tiny_trainer(devices, **train):
                  max_position_embeddings=16)
   c.data.seq_len = 16
   c.train.update(train)
-  config, _ = resolve.resolve_for_compile(c)
-  return step.make_trainer(config, sharding.make_mesh(config.mesh, devices))
+  run = resolve.resolve_for_compile(c)
+  return trainer_lib.make_trainer(run.config, sharding.make_mesh(run.config.mesh, devices), run.objective(run.config))
 
 
 def random_batch(i: int, rows: int, seq: int = 16) -> dict:

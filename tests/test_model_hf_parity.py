@@ -8,7 +8,7 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from mlm_jax.convert import bert as hf  # noqa: E402
+from mlm_jax.convert import bert  # noqa: E402
 from mlm_jax.config.defaults import default_config  # noqa: E402
 from mlm_jax.model.encoder import Encoder  # noqa: E402
 
@@ -52,11 +52,11 @@ def _padded_batch(arch, pad_id, vocab):
 @pytest.mark.parametrize("arch", ["bert", "roberta", "xlm-roberta"])
 def test_hidden_states_and_logits_match_transformers(arch):
   model, hcfg = _hf_model(arch)
-  cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
+  cfg = bert.model_config_from_hf(hcfg.to_dict(), default_config().model)
   ours = Encoder(cfg)
   graphdef, template = nnx.split(ours, nnx.Param)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  params = hf.params_from_hf(sd, cfg, arch, template)
+  params = bert.params_from_hf(sd, cfg, arch, template)
   ours = nnx.merge(graphdef, params)
 
   ids, mask, types = _padded_batch(arch, hcfg.pad_token_id, hcfg.vocab_size)
@@ -79,10 +79,10 @@ def test_hidden_states_and_logits_match_transformers(arch):
 @pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
 def test_hf_to_ours_to_hf_is_exact(arch):
   model, hcfg = _hf_model(arch)
-  cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
+  cfg = bert.model_config_from_hf(hcfg.to_dict(), default_config().model)
   graphdef, template = nnx.split(Encoder(cfg), nnx.Param)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  back = hf.params_to_hf(hf.params_from_hf(sd, cfg, arch, template), cfg, arch)
+  back = bert.params_to_hf(bert.params_from_hf(sd, cfg, arch, template), cfg, arch)
   for name, value in back.items():
     np.testing.assert_array_equal(value, sd[name], err_msg=name)
   # Every HF tensor is covered, except buffers and the decoder tied to the word embeddings.
@@ -92,25 +92,25 @@ def test_hf_to_ours_to_hf_is_exact(arch):
 
 def test_shape_mismatch_names_the_tensor():
   model, hcfg = _hf_model("bert")
-  cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
+  cfg = bert.model_config_from_hf(hcfg.to_dict(), default_config().model)
   _, template = nnx.split(Encoder(cfg), nnx.Param)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   sd["bert.encoder.layer.1.intermediate.dense.bias"] = np.zeros(7, np.float32)
   with pytest.raises(ValueError, match=r"layers\.1\.mlp\.wi_bias: shape \(7,\)"):
-    hf.params_from_hf(sd, cfg, "bert", template)
+    bert.params_from_hf(sd, cfg, "bert", template)
 
 
 def test_bert_pooler_is_imported_when_the_checkpoint_has_one():
   """Checkpoints saved from BertForPreTraining carry `bert.pooler.*`; the import keeps it."""
-  from mlm_jax.convert import folders as checkpoint_io
+  from mlm_jax.convert import folders
   model, hcfg = _hf_model("bert")
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
   torch.manual_seed(1)
   pooled = transformers.BertModel(hcfg).eval()
   sd["bert.pooler.dense.weight"] = pooled.pooler.dense.weight.detach().numpy()
   sd["bert.pooler.dense.bias"] = pooled.pooler.dense.bias.detach().numpy()
-  cfg = checkpoint_io.model_config(hcfg.to_dict())
-  graphdef, params, fresh_head = checkpoint_io.params_from_state_dict(sd, cfg, "bert")
+  cfg = folders.model_config(hcfg.to_dict())
+  graphdef, params, fresh_head = folders.params_from_state_dict(sd, cfg, "bert")
   assert not fresh_head
   assert cfg.use_pooler
   ours = nnx.merge(graphdef, params)
@@ -134,10 +134,10 @@ def test_mlm_loss_matches_transformers(arch):
   from mlm_jax.objectives.mlm import MLM
   model, hcfg = _hf_model(arch)
   config = default_config()
-  config.model = hf.model_config_from_hf(hcfg.to_dict(), config.model)
+  config.model = bert.model_config_from_hf(hcfg.to_dict(), config.model)
   config.masking.mask_id, config.masking.special_ids = 4, (0, 1, 2, 3)
   graphdef, template = nnx.split(Encoder(config.model), nnx.Param)
-  ours = nnx.merge(graphdef, hf.params_from_hf({k: v.detach().numpy() for k, v in model.state_dict().items()},
+  ours = nnx.merge(graphdef, bert.params_from_hf({k: v.detach().numpy() for k, v in model.state_dict().items()},
                                                config.model, arch, template))
   ids, mask, types = _padded_batch(arch, hcfg.pad_token_id, hcfg.vocab_size)
   positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
@@ -181,11 +181,11 @@ def _modernbert(biases: bool):
 
 def _ours_from(model, hcfg, **overrides):
   from mlm_jax.model.encoder import abstract_model
-  cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
+  cfg = bert.model_config_from_hf(hcfg.to_dict(), default_config().model)
   cfg.update(overrides)
   graphdef, template = abstract_model(cfg)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  return nnx.merge(graphdef, hf.params_from_hf(sd, cfg, "modernbert", template)), cfg, sd
+  return nnx.merge(graphdef, bert.params_from_hf(sd, cfg, "modernbert", template)), cfg, sd
 
 
 @nnx.jit
@@ -239,7 +239,7 @@ def test_modernbert_hf_to_ours_to_hf_is_exact():
   model, hcfg = _modernbert(biases=True)
   for scan in (False, True):
     ours, cfg, sd = _ours_from(model, hcfg, scan_layers=scan)
-    back = hf.params_to_hf(nnx.state(ours, nnx.Param), cfg, "modernbert")
+    back = bert.params_to_hf(nnx.state(ours, nnx.Param), cfg, "modernbert")
     assert set(sd) - set(back) == {"decoder.weight"}, set(sd) ^ set(back)   # tied to the word embeddings
     for name, value in back.items():
       np.testing.assert_array_equal(value, sd[name], err_msg=name)

@@ -20,6 +20,8 @@ from subproc import REPO, cpu_env
 
 from test_train import _losses
 
+from mlm_jax.workdir import restore
+
 STEPS = 10
 
 
@@ -63,13 +65,13 @@ def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
 
 def _params(workdir, step):
   """Final parameters as numpy, restored on one device from the run's checkpoint."""
-  from mlm_jax.workdir import checkpoints as checkpoint, files as workdir_lib
+  from mlm_jax.workdir import checkpoints
   import ml_collections
   cfg = ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
   import jax
-  ck = checkpoint.Checkpointer(str(workdir), async_save=False)
+  ck = checkpoints.Checkpointer(str(workdir), async_save=False)
   assert step in ck.all_steps()
-  _, params, _ = workdir_lib.restore_model(str(workdir), cfg.model)
+  _, params, _ = restore.restore_model(str(workdir), cfg.model)
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
 

@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlm_jax.training import loop, resolve, trainer as step
+from mlm_jax.training import loop, resolve, trainer as trainer_lib
 from mlm_jax.model import sharding
-from mlm_jax.workdir import files as workdir_lib
+from mlm_jax.workdir import files as workdir_files
 from mlm_jax.config.defaults import default_config
 from mlm_jax.objectives import registry
 from mlm_jax.objectives.mlm import MLM
@@ -51,9 +51,10 @@ class RandomRows:
 
 
 def _run(config, workdir) -> list:
-  config, _ = resolve.resolve_for_compile(config, platform="cpu")
+  run = resolve.resolve_for_compile(config, platform="cpu")
+  config = run.config
   mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])   # one device compiles fastest
-  trainer = step.make_trainer(config, mesh)
+  trainer = trainer_lib.make_trainer(config, mesh, run.objective(config))
   assert type(trainer.objective).__name__ == "HalfWeightMLM"
   loop.Loop(trainer, str(workdir), RandomRows(), None, trainer.init, tokens_per_example=16, flops_per_token=1.0).run()
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -69,7 +70,7 @@ def test_an_objective_outside_the_package_trains_and_resumes(tmp_path):
   logged = _run(c, tmp_path)
   assert [m["step"] for m in logged] == [1, 2]
   assert all(m["real_tokens"] == 64 for m in logged), logged   # its own metric, in the log
-  saved = workdir_lib.read_config(str(tmp_path))
+  saved = workdir_files.read_config(str(tmp_path))
   assert json.loads((tmp_path / "config.json").read_text())["objective"] == SPEC
   assert registry.for_config(saved).__name__ == "HalfWeightMLM"
 

@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlm_jax.objectives import sparse_loss as objectives
+from mlm_jax.objectives import sparse_loss
 
 
 def _reference(y, emb, bias, labels, weights):
@@ -22,11 +22,11 @@ def test_values_and_gradients_match_autodiff_of_the_plain_formula():
   bias = 0.1 * jax.random.normal(k[2], (v,))
   labels = jax.random.randint(k[3], (n,), 0, v)
   weights = (jnp.arange(n) % 5 != 0).astype(jnp.float32)   # some unused slots
-  ours = objectives.sparse_cross_entropy(y, emb, bias, labels, weights)
+  ours = sparse_loss.sparse_cross_entropy(y, emb, bias, labels, weights)
   ref = _reference(y, emb, bias, labels, weights)
   np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5)
   np.testing.assert_allclose(ours[1], ref[1])
-  g_ours = jax.grad(lambda *a: objectives.sparse_cross_entropy(*a, labels, weights)[0], argnums=(0, 1, 2))(y, emb, bias)
+  g_ours = jax.grad(lambda *a: sparse_loss.sparse_cross_entropy(*a, labels, weights)[0], argnums=(0, 1, 2))(y, emb, bias)
   g_ref = jax.grad(lambda *a: _reference(*a, labels, weights)[0], argnums=(0, 1, 2))(y, emb, bias)
   for a, b in zip(g_ours, g_ref):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -35,7 +35,7 @@ def test_values_and_gradients_match_autodiff_of_the_plain_formula():
 
 
 def test_summarize():
-  s = objectives.summarize(dict(loss_sum=jnp.float32(6.0), correct_sum=jnp.float32(1.0),
+  s = sparse_loss.summarize(dict(loss_sum=jnp.float32(6.0), correct_sum=jnp.float32(1.0),
                                 num_predictions=jnp.float32(4.0)))
   np.testing.assert_allclose(s["loss"], 1.5)
   np.testing.assert_allclose(s["perplexity"], np.exp(1.5), rtol=1e-6)

@@ -8,13 +8,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from mlm_jax.config import data_defaults as data_config
+from mlm_jax.config import defaults
 from mlm_jax.data import specs
-from mlm_jax.data.store import shards as store_lib
+from mlm_jax.data.store import shards
 from mlm_jax.data.store import prepare
-from mlm_jax.data.text import stream as pipeline
+from mlm_jax.data.text import stream
 from mlm_jax.data.text import sources
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training
 from mlm_jax.errors import ConfigError, DataError
 
 ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"          # blank-line paragraphs, BOM+CRLF
@@ -26,14 +26,14 @@ RU = "corpus/ru/tatoeba_cc0_rus.tsv.gz"
 def tok(shared_data, tmp_path_factory):
   """A 1000-piece XLM-R-layout model on German, English and Russian (a few seconds)."""
   root = tmp_path_factory.mktemp("pipe_tok")
-  return tokenizer_train.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
+  return spm_training.train([f"de={shared_data / ALICE}", f"en=tsv:1:{shared_data / LEIPZIG_EN}",
                           f"ru=tsv:2:{shared_data / RU}"], str(root / "spm"), vocab_size=1000,
                          max_sentences_per_language=3000, input_sentence_size=6000,
                          verbose=False)
 
 
 def _cfg(**kw):
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.eval_percent = 0.0
   for k, v in kw.items():
     setattr(c, k, v)
@@ -41,7 +41,7 @@ def _cfg(**kw):
 
 
 def _epoch(cfg, tok, batch_size=8, seed=0, **kw):
-  ds = pipeline.build_dataset(cfg, tok, batch_size, seed, repeat=False, **kw)
+  ds = stream.build_dataset(cfg, tok, batch_size, seed, repeat=False, **kw)
   return list(ds.as_numpy_iterator())
 
 
@@ -69,8 +69,8 @@ def _segments(batches, tok, seq_len):
   """Checks every row's structure; returns the token chunks (without BOS/EOS), in order."""
   chunks = []
   for b in batches:
-    assert set(b) == set(pipeline.FEATURES)
-    for k in pipeline.FEATURES:
+    assert set(b) == set(stream.FEATURES)
+    for k in stream.FEATURES:
       assert b[k].dtype == np.int32 and b[k].shape[1] == seq_len
     for ids, seg, pos, ws in zip(b["input_ids"], b["segment_ids"], b["positions"],
                                  b["word_starts"]):
@@ -136,16 +136,16 @@ def test_concat_epoch_is_the_document_stream(shared_data, tok):
   assert real[:real.sum()].all()  # all rows full except the very end
   assert (pos[seg > 0] == np.tile(np.arange(seq_len), len(ids))[real]).all()
   assert (ws[:, 0][seg[:, 0] > 0] == 1).all() and (ws[seg == 0] == 0).all()
-  stream = ids.reshape(-1)[real].tolist()
+  flat = ids.reshape(-1)[real].tolist()
   want = []
   for d in _direct_docs(cfg):
     want += [tok.bos_id] + tok.encode(d) + [tok.eos_id]
-  assert stream == want
+  assert flat == want
 
 
 def test_eval_split_holdout_is_finite_and_disjoint(shared_data, tok):
   cfg = _cfg(sources=(f"de={shared_data / ALICE}",), eval_percent=10.0, seq_len=64)
-  ev = list(pipeline.Pipeline(cfg, tok, 16, 0, split="eval"))
+  ev = list(stream.Pipeline(cfg, tok, 16, 0, split="eval"))
   train = _epoch(cfg, tok, batch_size=16)
   ev_chunks, tr_chunks = _segments(ev, tok, 64), _segments(train, tok, 64)
   all_chunks = _expected_chunks(tok, _direct_docs(cfg), 62)
@@ -154,10 +154,10 @@ def test_eval_split_holdout_is_finite_and_disjoint(shared_data, tok):
   assert 0.05 < len(ev_chunks) / len(all_chunks) < 0.15
   assert all(b["input_ids"].shape == (16, 64) for b in ev)
   assert (ev[-1]["segment_ids"][-1] == 0).all()  # the last batch is filled with padding rows
-  again = list(pipeline.Pipeline(cfg, tok, 16, 0, split="eval"))
+  again = list(stream.Pipeline(cfg, tok, 16, 0, split="eval"))
   assert all((a["input_ids"] == b["input_ids"]).all() for a, b in zip(ev, again))
   # The trainer builds its eval pipeline once and rewinds it for every evaluation.
-  reused = pipeline.Pipeline(cfg, tok, 16, 0, split="eval")
+  reused = stream.Pipeline(cfg, tok, 16, 0, split="eval")
   next(reused), next(reused)
   reused.rewind()
   rewound = list(reused)
@@ -171,7 +171,7 @@ def test_mixing_frequencies_follow_alpha(shared_data, tok):
                       f"ru=tsv:2:{shared_data / RU}"),
              source_sizes=tuple(f"{n}={s}" for n, s in zip(names, sizes)),
              mix_alpha=0.3, seq_len=16, shuffle_buffer=100)
-  ds = pipeline.build_dataset(cfg, tok, 500, seed=3, with_source=True)
+  ds = stream.build_dataset(cfg, tok, 500, seed=3, with_source=True)
   src = np.concatenate([b["source"] for b in ds.take(20).as_numpy_iterator()])
   assert len(src) == 10000
   freq = np.bincount(src, minlength=3) / len(src)
@@ -188,46 +188,46 @@ def test_resume_gives_identical_batches(shared_data, tok):
   cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"de={shared_data / ALICE}"),
              mix_alpha=0.5, seq_len=32, shuffle_buffer=100)
   k, n = 7, 20
-  run = pipeline.Pipeline(cfg, tok, 4, seed=11)
+  run = stream.Pipeline(cfg, tok, 4, seed=11)
   for _ in range(k):
     next(run)
   state = json.loads(json.dumps(run.get_state()))  # as the checkpoint stores it
   assert state["batches"] == k and len(json.dumps(state)) < 400
   uninterrupted = [next(run) for _ in range(n)]
 
-  resumed = pipeline.Pipeline(cfg, tok, 4, seed=11)
+  resumed = stream.Pipeline(cfg, tok, 4, seed=11)
   resumed.set_state(state)
   for want in uninterrupted:
     got = next(resumed)
-    for key in pipeline.FEATURES:
+    for key in stream.FEATURES:
       np.testing.assert_array_equal(got[key], want[key])
   assert resumed.get_state()["batches"] == k + n
 
 
 def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
   cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}",), seq_len=32)
-  state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
+  state = stream.Pipeline(cfg, tok, 4, seed=0).get_state()
   cfg.packing = "concat"
   with pytest.raises(DataError) as e:
-    pipeline.Pipeline(cfg, tok, 4, seed=0).set_state(state)
+    stream.Pipeline(cfg, tok, 4, seed=0).set_state(state)
   assert "\n" not in str(e.value) and "the data config differs" in str(e.value)
   with pytest.raises(DataError, match="batch_size differs"):
-    pipeline.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
+    stream.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
   # another tokenizer of the same vocabulary size
-  other = tokenizer_train.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
+  other = spm_training.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
                                 max_sentences_per_language=3000, verbose=False)
   assert other.vocab_size == tok.vocab_size
-  state = pipeline.Pipeline(cfg, tok, 4, seed=0).get_state()
+  state = stream.Pipeline(cfg, tok, 4, seed=0).get_state()
   with pytest.raises(DataError, match="the data config differs"):
-    pipeline.Pipeline(cfg, other, 4, seed=0).set_state(state)
+    stream.Pipeline(cfg, other, 4, seed=0).set_state(state)
   # checkpoints written before the tokenizer's sha256 was part of the fingerprint still resume
-  same = pipeline.Pipeline(cfg, tok, 4, seed=0)
+  same = stream.Pipeline(cfg, tok, 4, seed=0)
   same.set_state(dict(state, fingerprint=same._fingerprints(same.fit)[1]))
 
 
 def test_hosts_cover_the_epoch(shared_data, tok):
   cfg = _cfg(sources=(f"de={shared_data / ALICE}",), doc_format="blank_line", seq_len=64)
-  per_host = [_segments(pipeline.build_dataset(cfg, tok, 4, 0, process_index=i, process_count=2,
+  per_host = [_segments(stream.build_dataset(cfg, tok, 4, 0, process_index=i, process_count=2,
                                                repeat=False).as_numpy_iterator(), tok, 64)
               for i in range(2)]
   assert all(per_host)
@@ -272,7 +272,7 @@ def _prepared(cfg, tok, tmp_path, name):
   root = str(tmp_path / "store")
   prepare.prepare(prepare.Options(sources=tuple(cfg.sources), tokenizer=tok.model_path, eval_percent=0.0,
                                   tfds_data_dir=cfg.tfds_data_dir), root, progress_s=1e9, log=lambda s: None)
-  st = store_lib.Store(root)
+  st = shards.Store(root)
   return st.read(name, "train", np.arange(st.lengths(name, "train").size))
 
 
@@ -299,7 +299,7 @@ def test_bad_input_through_pipeline(tok, tmp_path):
   long_doc = " ".join(["Wort"] * 8000)
   (tmp_path / "mixed.txt").write_bytes(b"gut\n\n\xff\xfe kaputt\n" + long_doc.encode() + b"\n")
   cfg = _cfg(sources=(f"x={tmp_path}/*.txt",), seq_len=128, shuffle_buffer=4)
-  p = pipeline.Pipeline(cfg, tok, 8, 0)
+  p = stream.Pipeline(cfg, tok, 8, 0)
   stats = sources.Stats()
   batches = _epoch(cfg, tok, stats=stats)
   got = _segments(batches, tok, 128)
@@ -314,13 +314,13 @@ def test_bad_input_through_pipeline(tok, tmp_path):
 
 def test_config_errors(shared_data, tok):
   with pytest.raises(DataError, match="no data sources configured for split 'train'"):
-    pipeline.Pipeline(_cfg(), tok, 4, 0)
+    stream.Pipeline(_cfg(), tok, 4, 0)
   with pytest.raises(ConfigError, match="data.packing='full'"):
-    pipeline.Pipeline(_cfg(sources=("a=x",), packing="full"), tok, 4, 0)
+    stream.Pipeline(_cfg(sources=("a=x",), packing="full"), tok, 4, 0)
   with pytest.raises(DataError, match="no files match"):
-    pipeline.Pipeline(_cfg(sources=(f"a={shared_data}/corpus/xx/*.gz",)), tok, 4, 0)
+    stream.Pipeline(_cfg(sources=(f"a={shared_data}/corpus/xx/*.gz",)), tok, 4, 0)
   with pytest.raises(DataError, match="data.source_sizes names unknown sources"):
-    pipeline.Pipeline(_cfg(sources=(f"a={shared_data / ALICE}", f"b={shared_data / ALICE}"),
+    stream.Pipeline(_cfg(sources=(f"a={shared_data / ALICE}", f"b={shared_data / ALICE}"),
                            source_sizes=("c=1",)), tok, 4, 0)
 
 
@@ -331,19 +331,19 @@ def test_best_fit_rows_and_next_fit_states(shared_data, tok):
   src = (f"en=tsv:1:{shared_data / LEIPZIG_EN}",)
   share = {}
   for fit in ("next", "best"):
-    p = pipeline.Pipeline(_cfg(sources=src, seq_len=128, packing_fit=fit), tok, 8, seed=0)
+    p = stream.Pipeline(_cfg(sources=src, seq_len=128, packing_fit=fit), tok, 8, seed=0)
     share[fit] = np.mean([(next(p)["segment_ids"] > 0).mean() for _ in range(20)])
   assert share["best"] > 0.97 and share["best"] > share["next"] + 0.05, share
-  old = pipeline.Pipeline(_cfg(sources=src, seq_len=64, packing_fit="next"), tok, 4, seed=0)
+  old = stream.Pipeline(_cfg(sources=src, seq_len=64, packing_fit="next"), tok, 4, seed=0)
   for _ in range(3):
     next(old)
   state = old.get_state()
   want = next(old)
   legacy = dict(state, fingerprint=old._fingerprints(None)[0])   # as written before this field
-  new = pipeline.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0)
+  new = stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0)
   assert new.fit == "best"
   new.set_state(legacy)
   got = next(new)
-  assert new.fit == "next" and all((got[k] == want[k]).all() for k in pipeline.FEATURES)
+  assert new.fit == "next" and all((got[k] == want[k]).all() for k in stream.FEATURES)
   with pytest.raises(DataError, match="the data config differs"):
-    pipeline.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0).set_state(state)
+    stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0).set_state(state)

@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mlm_jax.workdir import restore
 from mlm_jax.model import scan_layout, sharding
-from mlm_jax.workdir import files as workdir_lib
 from mlm_jax.model.encoder import abstract_model
-from mlm_jax.convert import bert as hf
+from mlm_jax.convert import bert
 from mlm_jax.config.defaults import default_config
 from mlm_jax.model.encoder import Encoder
 
@@ -50,11 +50,11 @@ def _forward_and_grads(model, key):
 def test_scanned_init_is_the_unscanned_init_restacked():
   init = lambda cfg: jax.jit(lambda: _params(Encoder(cfg)))()
   unscanned, scanned = init(_cfg()), init(_cfg(scan_layers=True))
-  restacked = hf.flatten(scan_layout.scan_params(unscanned, _cfg()))
-  for name, value in hf.flatten(scanned).items():
+  restacked = bert.flatten(scan_layout.scan_params(unscanned, _cfg()))
+  for name, value in bert.flatten(scanned).items():
     np.testing.assert_array_equal(value, restacked[name], err_msg=name)
-  back = hf.flatten(scan_layout.unscan_params(scanned, _cfg(scan_layers=True)))
-  for name, value in hf.flatten(unscanned).items():
+  back = bert.flatten(scan_layout.unscan_params(scanned, _cfg(scan_layers=True)))
+  for name, value in bert.flatten(unscanned).items():
     np.testing.assert_array_equal(value, back[name], err_msg=name)
 
 
@@ -68,8 +68,8 @@ def test_scanned_model_gives_the_unscanned_outputs_and_gradients():
   h_scanned, g_scanned = _forward_and_grads(scanned, key)
   h_unscanned, g_unscanned = _forward_and_grads(unscanned, key)
   np.testing.assert_allclose(h_scanned, h_unscanned, atol=1e-5)
-  g_unscanned = hf.flatten(g_unscanned)
-  for name, value in hf.flatten(scan_layout.unscan_params(g_scanned, _cfg(scan_layers=True))).items():
+  g_unscanned = bert.flatten(g_unscanned)
+  for name, value in bert.flatten(scan_layout.unscan_params(g_scanned, _cfg(scan_layers=True))).items():
     np.testing.assert_allclose(value, g_unscanned[name], rtol=1e-4, atol=1e-7, err_msg=name)
 
 
@@ -78,15 +78,15 @@ def test_scanned_params_export_to_hf_and_import_back():
   cfg = _cfg(global_attention_every=0)
   unscanned = Encoder(cfg)
   scanned_params = scan_layout.scan_params(_params(unscanned), cfg)
-  sd = hf.params_to_hf(scanned_params, _cfg(global_attention_every=0, scan_layers=True), "bert")
-  want = hf.params_to_hf(_params(unscanned), cfg, "bert")
+  sd = bert.params_to_hf(scanned_params, _cfg(global_attention_every=0, scan_layers=True), "bert")
+  want = bert.params_to_hf(_params(unscanned), cfg, "bert")
   assert sd.keys() == want.keys()
   for name in want:
     np.testing.assert_array_equal(sd[name], want[name], err_msg=name)
   scan_cfg = _cfg(global_attention_every=0, scan_layers=True)
   _, template = abstract_model(scan_cfg)
-  back = hf.flatten(hf.params_from_hf(sd, scan_cfg, "bert", template))
-  for name, value in hf.flatten(scanned_params).items():
+  back = bert.flatten(bert.params_from_hf(sd, scan_cfg, "bert", template))
+  for name, value in bert.flatten(scanned_params).items():
     np.testing.assert_array_equal(value, back[name], err_msg=name)
 
 
@@ -102,15 +102,15 @@ def test_stacked_axis_uses_the_layers_rule():
 def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path):
   """config.init_from with another model.scan_layers than the source run: same model, either way."""
   import json
-  from mlm_jax.workdir import checkpoints as checkpoint
+  from mlm_jax.workdir import checkpoints
   unscanned = Encoder(_cfg(), seed=3)
-  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=1, async_save=False)
+  ckpt = checkpoints.Checkpointer(str(tmp_path), keep=1, async_save=False)
   ckpt.save(0, {"params": _params(unscanned), "step": jnp.zeros((), jnp.int32)}, {})
   ckpt.close()
   (tmp_path / "config.json").write_text(json.dumps(dict(model=_cfg().to_dict())))
   scanned_cfg = _cfg(scan_layers=True)
   _, abstract = abstract_model(scanned_cfg)
-  params = workdir_lib.restore_params_for(str(tmp_path), scanned_cfg, checkpoint.single_device(abstract))
+  params = restore.restore_params_for(str(tmp_path), scanned_cfg, checkpoints.single_device(abstract))
   graphdef, _ = nnx.split(Encoder(scanned_cfg), nnx.Param)
   ids, seg, pos = _inputs()
   np.testing.assert_allclose(np.asarray(nnx.merge(graphdef, params)(ids, seg, pos)),

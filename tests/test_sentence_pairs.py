@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mlm_jax.config import data_defaults as data_config
-from mlm_jax.data.store import shards as store_lib
-from mlm_jax.data.store import pairs as sentence_pairs
+from mlm_jax.workdir import restore
+from mlm_jax.config import defaults
+from mlm_jax.data.store import shards
+from mlm_jax.data.store import pairs
 from mlm_jax.data.store import prepare
 from mlm_jax.data.tokenizers import load as tokenizer_load
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training
 from mlm_jax.errors import DataError
 
 BOOKS = "corpus/de/gutenberg_kalamine/*.txt.gz"    # paragraphs separated by blank lines
@@ -24,7 +25,7 @@ ALICE = "corpus/de/gutenberg_kalamine/de_alice.txt.gz"
 @pytest.fixture(scope="module")
 def bert_store(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("pairs")
-  spm = tokenizer_train.train([f"de={shared_data / BOOKS}"], str(root / "spm"), vocab_size=600, layout="bert",
+  spm = spm_training.train([f"de={shared_data / BOOKS}"], str(root / "spm"), vocab_size=600, layout="bert",
                               verbose=False)
   out = str(root / "store")
   prepare.prepare(prepare.Options(sources=(f"de={shared_data / BOOKS}",), tokenizer=spm.model_path,
@@ -33,7 +34,7 @@ def bert_store(shared_data, tmp_path_factory):
 
 
 def _cfg(root, seq_len=64):
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.sources, c.seq_len = (f"store:{root}",), seq_len
   return c
 
@@ -47,22 +48,22 @@ def _contiguous(doc_ids, part):
 @pytest.mark.parametrize("task", ["nsp", "sop"])
 def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, task, tmp_path):
   c = _cfg(bert_store)
-  pipe = sentence_pairs.PairPipeline(c, task, 1000, seed=5, cache_dir=str(tmp_path))
+  pipe = pairs.PairPipeline(c, task, 1000, seed=5, cache_dir=str(tmp_path))
   labels = np.concatenate([next(pipe)["sentence_labels"] for _ in range(10)])
   stats = pipe.stats()
   assert stats["pairs"]["pairs"] == 10_000 and abs(labels.mean() - 0.5) <= 0.02, labels.mean()
   de = stats["sources"]["de"]   # the logged estimate (rows x mean pair length) against the tokens read
   assert abs(de["tokens"] / de["tokens_local"] - 1) < 0.05, de
   # one-sentence documents: skipped, and counted exactly
-  st = store_lib.Store(bert_store)
+  st = shards.Store(bert_store)
   n = st.lengths("de", "train").size
-  single = sum(sentence_pairs.sentences(d)[0].size < 2 for d in st.read("de", "train", np.arange(n)))
+  single = sum(pairs.sentences(d)[0].size < 2 for d in st.read("de", "train", np.arange(n)))
   assert single > 0 and stats["sources"]["de"]["single_sentence_docs_skipped"] == single
   assert stats["pairs"]["single_sentence_docs_skipped"] == single
   assert not np.isin(pipe.streams[0].index["chunk_doc"],
                      [i for i, k in enumerate(pipe.streams[0].index["doc_sentences"]) if k < 2]).any()
   # layout and order: [CLS] A [SEP] B [SEP]; in-order pairs are a contiguous stretch of one document
-  small = sentence_pairs.PairPipeline(c, task, 16, seed=5, cache_dir=str(tmp_path))
+  small = pairs.PairPipeline(c, task, 16, seed=5, cache_dir=str(tmp_path))
   b = next(small)
   stream = small.streams[0]
   src, chunk = small._locate(np.arange(16, dtype=np.int64))
@@ -81,16 +82,16 @@ def test_pairs_balanced_skip_single_sentence_docs_and_resume(bert_store, task, t
       checked += 1
   assert checked >= 2
   # resume: the data state is a row count; the same pairs come after set_state
-  run = sentence_pairs.PairPipeline(c, task, 8, seed=5, cache_dir=str(tmp_path))
+  run = pairs.PairPipeline(c, task, 8, seed=5, cache_dir=str(tmp_path))
   for _ in range(3):
     next(run)
   state = run.get_state()
   want = [next(run) for _ in range(2)]
-  again = sentence_pairs.PairPipeline(c, task, 8, seed=5, cache_dir=str(tmp_path))
+  again = pairs.PairPipeline(c, task, 8, seed=5, cache_dir=str(tmp_path))
   again.set_state(state)
   for w in want:
     got = next(again)
-    for k in sentence_pairs.FEATURES:
+    for k in pairs.FEATURES:
       np.testing.assert_array_equal(got[k], w[k])
 
 
@@ -100,20 +101,21 @@ def test_xlmr_layout_and_errors(shared_data, corpus_and_tokenizer, tmp_path):
   for out, fmt in ((root, "blank_line"), (lines, "line")):
     prepare.prepare(prepare.Options(sources=(f"de={shared_data / ALICE}",), tokenizer=tok.model_path,
                                     eval_percent=0.0, doc_format=fmt), out, progress_s=1e9, log=lambda s: None)
-  pipe = sentence_pairs.PairPipeline(_cfg(root, 48), "sop", 8, seed=0, cache_dir=str(tmp_path))
+  pipe = pairs.PairPipeline(_cfg(root, 48), "sop", 8, seed=0, cache_dir=str(tmp_path))
   b = next(pipe)
   for ids, types in zip(b["input_ids"], b["token_type_ids"]):
     eos = np.nonzero(ids == tok.eos_id)[0]   # <s> A </s></s> B </s>
     assert ids[0] == tok.bos_id and len(eos) == 3 and eos[1] == eos[0] + 1 and not types.any()
   with pytest.raises(DataError, match="none of its .* documents has two lines"):
-    sentence_pairs.PairPipeline(_cfg(lines), "nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
-  from mlm_jax.training import resolve
+    pairs.PairPipeline(_cfg(lines), "nsp", 8, seed=0, cache_dir=str(tmp_path))   # line format
   from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import ConfigError
+  from mlm_jax.objectives import registry
+  from mlm_jax.training import resolve
   c = default_config()
   c.objective, c.data.sources = "mlm+nsp", ("de=corpus/*.txt",)
   with pytest.raises(ConfigError, match=r"objective='mlm\+nsp' needs token-store sources.*prepare_data.py"):
-    resolve._check_curricula(c)
+    resolve.check_input(c, registry.load(c.objective))
 
 
 def _tiny_bert(torch, transformers):
@@ -127,19 +129,19 @@ def test_nsp_head_and_loss_match_bert_for_pretraining():
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from flax import nnx
-  from mlm_jax.convert import bert as hf
+  from mlm_jax.convert import bert
   from mlm_jax.config.defaults import default_config
   from mlm_jax.model.encoder import Encoder
   from mlm_jax.objectives.sentence import MLMWithSentenceHead
   hcfg = _tiny_bert(torch, transformers)
-  cfg = hf.model_config_from_hf(hcfg.to_dict(), default_config().model)
+  cfg = bert.model_config_from_hf(hcfg.to_dict(), default_config().model)
   cfg.update(use_pooler=True, sentence_head=True, hidden_dropout=0.0, attention_dropout=0.0)
   ours = Encoder(cfg, seed=3)
   _, params = nnx.split(ours, nnx.Param)
   params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape), params)  # non-zero biases
   nnx.update(ours, params)
   theirs = transformers.BertForPreTraining(hcfg).eval()
-  sd = {k: torch.from_numpy(np.array(v)) for k, v in hf.params_to_hf(params, cfg, "bert").items()}
+  sd = {k: torch.from_numpy(np.array(v)) for k, v in bert.params_to_hf(params, cfg, "bert").items()}
   missing, unexpected = theirs.load_state_dict(sd, strict=False)
   assert not unexpected and all("predictions.decoder" in k for k in missing), missing   # tied to ours
 
@@ -215,17 +217,17 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
       assert abs(again[s][k] - lines[s][k]) <= 1e-5, (s, k, again[s][k], lines[s][k])
 
   from flax import nnx
-  from mlm_jax.workdir import files as workdir_lib
-  from mlm_jax.convert import folders as checkpoint_io
+  from mlm_jax.workdir import files as workdir_files
+  from mlm_jax.convert import folders
   out = tmp_path / "hf"
-  summary = checkpoint_io.to_hf(str(full), str(out))
+  summary = folders.to_hf(str(full), str(out))
   assert summary["arch"] == "bert" and "note" not in summary
   assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
   theirs = transformers.BertForPreTraining.from_pretrained(str(out)).eval()
-  cfg = workdir_lib.read_config(str(full))
-  graphdef, params, _ = workdir_lib.restore_model(str(full), cfg.model)
+  cfg = workdir_files.read_config(str(full))
+  graphdef, params, _ = restore.restore_model(str(full), cfg.model)
   ours = nnx.merge(graphdef, params)
-  b = next(sentence_pairs.PairPipeline(_cfg(bert_store), "nsp", 8, seed=1, split="eval",
+  b = next(pairs.PairPipeline(_cfg(bert_store), "nsp", 8, seed=1, split="eval",
                                        cache_dir=str(tmp_path / "idx")))
   mask = b["segment_ids"] > 0
   hidden = ours(jnp.asarray(b["input_ids"]), jnp.asarray(b["segment_ids"]), jnp.asarray(b["positions"]),
@@ -238,24 +240,26 @@ def test_train_resume_after_kill_and_export_bert_for_pretraining(bert_store, tmp
 
 def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(corpus_and_tokenizer, tmp_path):
   """No transformers class has XLM-R + a sentence head: the MLM model is written, and the note says so."""
-  from mlm_jax.workdir import checkpoints as checkpoint
-  from mlm_jax.training import loop, resolve, trainer as step
-  from mlm_jax.model import sharding
-  from mlm_jax.convert import folders as checkpoint_io
   from mlm_jax.config.defaults import default_config
+  from mlm_jax.convert import folders
+  from mlm_jax.model import sharding
+  from mlm_jax.objectives import registry
+  from mlm_jax.training import trainer as trainer_lib
+  from mlm_jax.workdir import checkpoints, files as workdir_files
   tok = tokenizer_load.load(corpus_and_tokenizer[1])
   c = default_config()
   c.objective = "mlm+sop"
   c.data.tokenizer, c.data.seq_len = tok.model_path, 16
   c.model.update(dict(vocab_size=tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                       max_position_embeddings=18, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5))
-  resolve.bind_objective(c)
-  trainer = step.make_trainer(c, sharding.make_mesh(c.mesh))
-  ck = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  objective = registry.load(c.objective)
+  objective.bind(c)
+  trainer = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh), objective(c))
+  ck = checkpoints.Checkpointer(str(tmp_path), async_save=False)
   ck.save(1, trainer.init(), {})
   ck.wait()
-  loop.write_config(c, str(tmp_path))
-  summary = checkpoint_io.to_hf(str(tmp_path), str(tmp_path / "hf"))
+  workdir_files.write_config(c, str(tmp_path))
+  summary = folders.to_hf(str(tmp_path), str(tmp_path / "hf"))
   assert summary["arch"] == "xlm-roberta" and "sentence (NSP/SOP) head was dropped" in summary["note"]
   hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert hf_cfg["architectures"] == ["XLMRobertaForMaskedLM"]

@@ -5,8 +5,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from mlm_jax.model import sharding
-from mlm_jax.training import trainer as step
+from mlm_jax.training import trainer as trainer_lib
 from mlm_jax.config.defaults import default_config
+from mlm_jax.objectives.mlm import MLM
 
 import textdata
 
@@ -30,7 +31,7 @@ def batch(shared_data):
 
 
 def _one_step(c, mesh, batch):
-  tr = step.make_trainer(c, mesh)
+  tr = trainer_lib.make_trainer(c, mesh, MLM(c))
   state = tr.init()
   new, metrics = tr.train_step(state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
   return tr, new, jax.tree.map(np.asarray, metrics)
@@ -84,7 +85,7 @@ def test_grad_accumulation_matches_full_batch(batch):
 def test_nonfinite_update_is_skipped_and_counted(batch):
   c = tiny_config()
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
   state = tr.init()
   # NaN in every 1-D parameter (biases, norms): the loss and all gradients become NaN.
   poisoned = state.replace(params=jax.tree.map(lambda x: x * np.float32("nan") if x.ndim == 1 else x, state.params))
@@ -101,7 +102,7 @@ def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch):
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
   c.optimizer.update(dict(learning_rate=3e-3, warmup_steps=20, schedule="constant", weight_decay=0.0))
   c.train.steps = 400
-  tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
   state = tr.init()
   b = jax.device_put(batch, tr.batch_sharding)
   key = jax.random.key(0)
@@ -135,7 +136,7 @@ def test_modernbert_config_shrunk_learns(batch):
   c.optimizer.learning_rate = 1e-2
   c.train.update(dict(steps=20, batch_size=8))
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  tr = step.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
   state = tr.init()
   assert "lead_layers" in state.params and "final_norm" in state.params
   b = jax.device_put(batch, tr.batch_sharding)

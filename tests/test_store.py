@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from mlm_jax.data import best_fit
-from mlm_jax.config import data_defaults as data_config
-from mlm_jax.data.store import shards as store_lib
+from mlm_jax.config import defaults
+from mlm_jax.data.store import shards
 from mlm_jax.data.store import index as store_index
-from mlm_jax.data.store import loader as store_pipeline
+from mlm_jax.data.store import loader
 from mlm_jax.data.store import prepare
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training
 from mlm_jax.errors import DataError
 from subproc import REPO, cpu_env
 
@@ -28,7 +28,7 @@ EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
 @pytest.fixture(scope="session")
 def tok(shared_data, tmp_path_factory):
   root = tmp_path_factory.mktemp("store_tok")
-  return tokenizer_train.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
+  return spm_training.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"],
                                str(root / "spm"), vocab_size=600, max_sentences_per_language=2000,
                                input_sentence_size=4000, verbose=False)
 
@@ -46,7 +46,7 @@ def store(shared_data, tok, tmp_path_factory):
 
 
 def _cfg(store, tmp_path, **kw):
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.sources = (f"store:{store}",)
   c.seq_len = 32
   for k, v in kw.items():
@@ -55,7 +55,7 @@ def _cfg(store, tmp_path, **kw):
 
 
 def _pipe(c, tmp_path, batch=8, **kw):
-  return store_pipeline.StorePipeline(c, batch, seed=kw.pop("seed", 3),
+  return loader.StorePipeline(c, batch, seed=kw.pop("seed", 3),
                                       cache_dir=str(tmp_path / "index"), **kw)
 
 
@@ -96,7 +96,7 @@ def test_epoch_has_every_token_once(shared_data, store, tok, tmp_path, fit):
       assert (pos[seg == s] == np.arange(piece.size)).all()
       got.append(tuple(piece[1:-1].tolist()))
   want = []
-  st = store_lib.Store(store)
+  st = shards.Store(store)
   lens = st.lengths("de", "train")
   for d in st.read("de", "train", np.arange(lens.size)):
     want += [tuple(d.ids[i:i + 30].tolist()) for i in range(0, d.ids.size, 30)]
@@ -137,7 +137,7 @@ def test_resume_at_any_row_and_batch_size(store, tmp_path):
   again.set_state(state)
   for want in nxt:
     got = next(again)
-    for k in store_pipeline.FEATURES:
+    for k in loader.FEATURES:
       np.testing.assert_array_equal(got[k], want[k])
   half = _pipe(c, tmp_path, batch=4)
   half.set_state(state)
@@ -188,7 +188,7 @@ def test_worker_processes_build_the_same_batches(store, tmp_path):
   w = _pipe(_cfg(store, tmp_path, store_workers=2, **c), tmp_path)
   for b in want[:6]:
     got = next(w)
-    assert all((got[k] == b[k]).all() for k in store_pipeline.FEATURES)
+    assert all((got[k] == b[k]).all() for k in loader.FEATURES)
   six = _pipe(_cfg(store, tmp_path, **c), tmp_path)
   for _ in range(6):
     next(six)
@@ -252,7 +252,7 @@ def test_best_fit_fills_rows_and_old_states_keep_next_fit(store, tmp_path):
   assert new.fit == "best"
   new.set_state(state)
   got = next(new)
-  assert new.fit == "next" and all((got[k] == want[k]).all() for k in store_pipeline.FEATURES)
+  assert new.fit == "next" and all((got[k] == want[k]).all() for k in loader.FEATURES)
   state = _pipe(_cfg(store, tmp_path, packing_fit="next"), tmp_path).get_state()
   with pytest.raises(DataError, match=r"data\.packing_fit changed \('next' saved, 'best' now\)"):
     _pipe(_cfg(store, tmp_path), tmp_path).set_state(state)
@@ -338,19 +338,19 @@ def test_make_input_picks_the_path_from_sources_and_input_kind(store, tmp_path):
   process's rows of the store pipeline's global batches; pairs need a store; a kind no objective
   has is a one-line error."""
   import ml_collections
-  from mlm_jax.data import inputs as data_input
+  from mlm_jax.data import inputs
   c = _cfg(store, tmp_path)
   run = ml_collections.ConfigDict(dict(data=c, train=dict(batch_size=8), seed=3))
-  got = data_input.make_input(run, "rows", None, process_index=1, process_count=2, cache_dir=str(tmp_path / "index"))
-  assert isinstance(got, store_pipeline.StorePipeline)
+  got = inputs.make_input(run, "rows", None, process_index=1, process_count=2, workdir=str(tmp_path))
+  assert isinstance(got, loader.StorePipeline)
   whole = _pipe(c, tmp_path)
   for _ in range(3):
     np.testing.assert_array_equal(next(got)["input_ids"], next(whole)["input_ids"][4:])
   with pytest.raises(DataError, match="input kind 'pairs': expected one of"):
-    data_input.make_input(run, "pairs", None)
+    inputs.make_input(run, "pairs", None)
   run.data.sources = ("de=corpus/*.txt",)
   with pytest.raises(DataError, match="SOP sentence pairs are read from a token store"):
-    data_input.make_input(run, "sop_pairs", None)
+    inputs.make_input(run, "sop_pairs", None)
 
 
 def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():

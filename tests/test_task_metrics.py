@@ -5,7 +5,7 @@ Every expected number below was worked out by hand from the rules of the referen
 """
 import pytest
 
-from mlm_jax.tasks import metrics as mt
+from mlm_jax.tasks import metrics as task_metrics
 
 
 # ------------------------------------------------------------------------------------------
@@ -14,13 +14,13 @@ from mlm_jax.tasks import metrics as mt
 def test_accuracy_and_macro_f1():
   gold = ["a", "a", "a", "b", "b", "c"]
   pred = ["a", "a", "b", "b", "c", "c"]
-  assert mt.accuracy(gold, pred) == pytest.approx(4 / 6)
+  assert task_metrics.accuracy(gold, pred) == pytest.approx(4 / 6)
   # a: tp 2 fp 0 fn 1 -> 4/5; b: tp 1 fp 1 fn 1 -> 1/2; c: tp 1 fp 1 fn 0 -> 2/3
-  assert mt.macro_f1(gold, pred) == pytest.approx((4 / 5 + 1 / 2 + 2 / 3) / 3)
+  assert task_metrics.macro_f1(gold, pred) == pytest.approx((4 / 5 + 1 / 2 + 2 / 3) / 3)
   # A class only ever predicted (never gold) counts, with F1 0.
-  assert mt.macro_f1(["x", "x"], ["x", "y"]) == pytest.approx((2 / 3 + 0) / 2)
+  assert task_metrics.macro_f1(["x", "x"], ["x", "y"]) == pytest.approx((2 / 3 + 0) / 2)
   with pytest.raises(ValueError):
-    mt.accuracy(["a"], [])
+    task_metrics.accuracy(["a"], [])
 
 
 # ------------------------------------------------------------------------------------------
@@ -42,7 +42,7 @@ def test_accuracy_and_macro_f1():
     (["O", "O"], []),
 ])
 def test_chunks(tags, expected):
-  assert mt.chunks(tags) == expected
+  assert task_metrics.chunks(tags) == expected
 
 
 def test_conlleval_hand_worked():
@@ -52,7 +52,7 @@ def test_conlleval_hand_worked():
   pred = [["B-PER", "I-PER", "O", "B-ORG"],     # PER right, LOC labeled ORG
           ["B-PER", "I-PER", "B-PER"],          # one gold chunk split in two: nothing right
           ["I-ORG", "O", "I-LOC", "I-LOC"]]     # IOB1-style tags, same chunks: both right
-  r = mt.conlleval(gold, pred)
+  r = task_metrics.conlleval(gold, pred)
   # gold chunks 2 + 1 + 2 = 5, predicted 2 + 2 + 2 = 6, correct 1 + 0 + 2 = 3
   assert r["precision"] == pytest.approx(3 / 6)
   assert r["recall"] == pytest.approx(3 / 5)
@@ -66,9 +66,9 @@ def test_conlleval_hand_worked():
 
 def test_conlleval_chunks_do_not_cross_sentences():
   # A sentence-final B-PER and a sentence-initial I-PER are two chunks, as in conlleval (blank line = O).
-  r = mt.conlleval([["O", "B-PER"], ["I-PER", "O"]], [["O", "B-PER"], ["I-PER", "O"]])
+  r = task_metrics.conlleval([["O", "B-PER"], ["I-PER", "O"]], [["O", "B-PER"], ["I-PER", "O"]])
   assert r["f1"] == 1.0 and r["per_type"]["PER"]["support"] == 2
-  merged = mt.conlleval([["O", "B-PER", "I-PER", "O"]], [["O", "B-PER", "I-PER", "O"]])
+  merged = task_metrics.conlleval([["O", "B-PER", "I-PER", "O"]], [["O", "B-PER", "I-PER", "O"]])
   assert merged["per_type"]["PER"]["support"] == 1
 
 
@@ -76,10 +76,10 @@ def test_conlleval_boundary_errors_score_zero():
   # Too long, too short and shifted spans are all wrong: only exact span + type counts.
   gold = [["B-LOC", "I-LOC", "O", "O"]] * 3
   pred = [["B-LOC", "I-LOC", "I-LOC", "O"], ["B-LOC", "O", "O", "O"], ["O", "B-LOC", "I-LOC", "O"]]
-  r = mt.conlleval(gold, pred)
+  r = task_metrics.conlleval(gold, pred)
   assert (r["precision"], r["recall"], r["f1"]) == (0.0, 0.0, 0.0)
   with pytest.raises(ValueError):
-    mt.conlleval([["O"]], [["O", "O"]])
+    task_metrics.conlleval([["O"]], [["O", "O"]])
 
 
 # ------------------------------------------------------------------------------------------
@@ -94,17 +94,17 @@ def test_conlleval_boundary_errors_score_zero():
     ("  «Paris» \n", "«paris»"),                      # only ASCII punctuation is removed
 ])
 def test_normalize_answer(text, expected):
-  assert mt.normalize_answer(text) == expected
+  assert task_metrics.normalize_answer(text) == expected
 
 
 def test_squad_em_f1():
-  assert mt.exact_match("the Eiffel Tower", "Eiffel  tower.") == 1.0
-  assert mt.token_f1("Eiffel Tower in Paris", "the Eiffel Tower") == pytest.approx(2 / 3)   # P 2/4, R 2/2
-  assert mt.token_f1("the cat cat", "a cat") == pytest.approx(2 / 3)                         # overlap counted once
-  assert mt.token_f1("dog", "cat") == 0.0
-  assert mt.token_f1("the", "a") == 0.0        # both normalize to nothing: 0, as the official script
+  assert task_metrics.exact_match("the Eiffel Tower", "Eiffel  tower.") == 1.0
+  assert task_metrics.token_f1("Eiffel Tower in Paris", "the Eiffel Tower") == pytest.approx(2 / 3)   # P 2/4, R 2/2
+  assert task_metrics.token_f1("the cat cat", "a cat") == pytest.approx(2 / 3)                         # overlap counted once
+  assert task_metrics.token_f1("dog", "cat") == 0.0
+  assert task_metrics.token_f1("the", "a") == 0.0        # both normalize to nothing: 0, as the official script
   gold = {"q1": ["Denver Broncos", "The Denver Broncos"], "q2": ["Eiffel Tower"], "q3": ["1990"]}
   pred = {"q1": "the Denver Broncos", "q2": "Eiffel Tower in Paris"}   # q3 unanswered: 0
-  r = mt.squad(gold, pred)
+  r = task_metrics.squad(gold, pred)
   assert r["exact_match"] == pytest.approx(1 / 3)
   assert r["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)

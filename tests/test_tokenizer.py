@@ -14,7 +14,7 @@ import tensorflow_text as tf_text
 
 from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.data.tokenizers import load as tokenizer_load
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+from mlm_jax.data.tokenizers import spm_training
 from mlm_jax.errors import UserError
 
 # language: (file under corpus/, TSV text column or None, training lines). Armenian gets far
@@ -62,7 +62,7 @@ def corpus(shared_data, tmp_path_factory):
 def xlmr_tok(corpus, tmp_path_factory):
   root, _ = corpus
   out = tmp_path_factory.mktemp("tok_xlmr") / "spm"
-  return tokenizer_train.train([f"{root}/*/train.txt"], str(out), vocab_size=VOCAB, layout="xlmr",
+  return spm_training.train([f"{root}/*/train.txt"], str(out), vocab_size=VOCAB, layout="xlmr",
                                alpha=0.3, verbose=False)
 
 
@@ -70,7 +70,7 @@ def xlmr_tok(corpus, tmp_path_factory):
 def bert_tok(corpus, tmp_path_factory):
   root, _ = corpus
   out = tmp_path_factory.mktemp("tok_bert") / "spm"
-  return tokenizer_train.train({"en": f"{root}/en/train.txt", "ru": f"{root}/ru/train.txt"}, str(out),
+  return spm_training.train({"en": f"{root}/en/train.txt", "ru": f"{root}/ru/train.txt"}, str(out),
                                vocab_size=1500, layout="bert", model_type="bpe", verbose=False)
 
 
@@ -187,5 +187,5 @@ def test_vocab_too_large_for_text_is_one_line(corpus, tmp_path):
   small = tmp_path / "small.txt"
   small.write_text("\n".join(open(root / "en/train.txt").read().splitlines()[:50]) + "\n")
   with pytest.raises(ValueError) as e:
-    tokenizer_train.train([f"en={small}"], str(tmp_path / "big"), vocab_size=20000, verbose=False)
+    spm_training.train([f"en={small}"], str(tmp_path / "big"), vocab_size=20000, verbose=False)
   assert "\n" not in str(e.value) and str(e.value).startswith("vocab_size=20000 is too large")

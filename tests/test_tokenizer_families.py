@@ -13,9 +13,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from mlm_jax.config import data_defaults as data_config  # noqa: E402
+from mlm_jax.config import defaults  # noqa: E402
 from mlm_jax.data.store import text_reader  # noqa: E402
-from mlm_jax.data.tokenizers import hf_tokenizers as tokenizer_hf  # noqa: E402
+from mlm_jax.data.tokenizers import hf_tokenizers  # noqa: E402
 from mlm_jax.data.tokenizers import load as tokenizer_load  # noqa: E402
 
 EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
@@ -52,12 +52,12 @@ def wp_dir(shared_data):
 @pytest.fixture(scope="module")
 def bpe_dir(lines_by_lang, tmp_path_factory):
   root = tmp_path_factory.mktemp("roberta_bpe")
-  tokenizer_hf.train_bpe([l for ls in lines_by_lang.values() for l in ls], str(root), 2000)
+  hf_tokenizers.train_bpe([l for ls in lines_by_lang.values() for l in ls], str(root), 2000)
   return str(root)
 
 
 @pytest.fixture(scope="module")
-def folders(wp_dir, bpe_dir, tmp_path_factory):
+def hf_folders(wp_dir, bpe_dir, tmp_path_factory):
   vocab_only = tmp_path_factory.mktemp("bert_vocab_txt")
   for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
     shutil.copy(os.path.join(wp_dir, name), vocab_only / name)
@@ -72,8 +72,8 @@ def _hf(folder):
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "wordpiece_vocab_txt", "bpe", "bpe_vocab_json"])
-def test_ids_equal_autotokenizer_every_language(folders, lines_by_lang, kind):
-  tok, hf = tokenizer_load.load(folders[kind]), _hf(folders[kind])
+def test_ids_equal_autotokenizer_every_language(hf_folders, lines_by_lang, kind):
+  tok, hf = tokenizer_load.load(hf_folders[kind]), _hf(hf_folders[kind])
   assert tok.family == kind.split("_")[0]
   assert tok.layout == ("bert" if kind.startswith("wordpiece") else "xlmr")
   assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.unk_id, tok.mask_id) == (
@@ -107,8 +107,8 @@ def _word_count(tok, line):
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
-def test_word_starts_count_the_words(folders, lines_by_lang, kind):
-  tok = tokenizer_load.load(folders[kind])
+def test_word_starts_count_the_words(hf_folders, lines_by_lang, kind):
+  tok = tokenizer_load.load(hf_folders[kind])
   table = np.asarray(tok.word_start_table())
   after = np.asarray(tok.after_space_table() or np.zeros(tok.vocab_size, int))
   assert table[list(tok.special_ids)].all() and (tok.family == "bpe") == bool(after.any())
@@ -128,18 +128,18 @@ def test_word_starts_count_the_words(folders, lines_by_lang, kind):
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
-def test_streaming_batch_ids_and_whole_word_masking(shared_data, folders, kind):
+def test_streaming_batch_ids_and_whole_word_masking(shared_data, hf_folders, kind):
   """One streaming-pipeline batch: AutoTokenizer's ids packed as documents, word starts, whole-word masks."""
   import jax
   from mlm_jax.objectives import masking
-  from mlm_jax.data.text import stream as pipeline
+  from mlm_jax.data.text import stream
   from mlm_jax.config.defaults import masking_defaults
-  tok, hf = tokenizer_load.load(folders[kind]), _hf(folders[kind])
-  c = data_config.data_defaults()
+  tok, hf = tokenizer_load.load(hf_folders[kind]), _hf(hf_folders[kind])
+  c = defaults.data_defaults()
   # Next-fit packing keeps the documents in file order across the rows, which is what `want` spells out.
   c.update(dict(sources=(f"en=tsv:1:{shared_data / EN}",), doc_format="line", seq_len=64, eval_percent=0.0,
                 shuffle_buffer=0, shuffle_files=False, tokenize_batch=64, packing_fit="next"))
-  batch = next(pipeline.build_dataset(c, tok, batch_size=16, seed=0, repeat=False).as_numpy_iterator())
+  batch = next(stream.build_dataset(c, tok, batch_size=16, seed=0, repeat=False).as_numpy_iterator())
   lines = [l.split("\t")[1] for l in _lines(shared_data / EN, 200)]
   want, want_ws = [], []
   for ids in hf(lines, add_special_tokens=False)["input_ids"]:
@@ -179,28 +179,28 @@ def test_streaming_batch_ids_and_whole_word_masking(shared_data, folders, kind):
   assert sel.sum() > 50 and multi > 3
 
 
-def test_store_with_wordpiece(shared_data, folders, tmp_path):
+def test_store_with_wordpiece(shared_data, hf_folders, tmp_path):
   """prepare copies the tokenizer files into the store; a `store:` source trains with them."""
-  from mlm_jax.data.store import loader as store_pipeline
+  from mlm_jax.data.store import loader
   from mlm_jax.data.store import prepare
-  tok, hf = tokenizer_load.load(folders["wordpiece"]), _hf(folders["wordpiece"])
+  tok, hf = tokenizer_load.load(hf_folders["wordpiece"]), _hf(hf_folders["wordpiece"])
   src = tmp_path / "en.txt"
   lines = [l.split("\t")[1] for l in _lines(shared_data / EN, 300)]
   src.write_text("\n".join(lines) + "\n", encoding="utf-8")
   root = str(tmp_path / "store")
-  opts = prepare.Options(sources=(f"en={src}",), tokenizer=folders["wordpiece"], eval_percent=0.0)
+  opts = prepare.Options(sources=(f"en={src}",), tokenizer=hf_folders["wordpiece"], eval_percent=0.0)
   manifest = prepare.prepare(opts, root, progress_s=1e9, log=lambda s: None)
   t = manifest["tokenizer"]
   assert t["family"] == "wordpiece" and t["model"] == "tokenizer/tokenizer.json" and t["sha256"] == tok.sha256
   assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(t["files"])
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.update(dict(sources=(f"store:{root}",), seq_len=64))
-  path = store_pipeline.store_tokenizer_path(c)
+  path = loader.store_tokenizer_path(c)
   again = tokenizer_load.load(path)
   assert again.sha256 == tok.sha256 and again.family == "wordpiece" and again.mask_id == tok.mask_id
   # The documents read back are AutoTokenizer's ids of the lines (word starts: no '##').
   want = {tuple(ids) for ids in hf(lines)["input_ids"]}
-  batch = next(iter(store_pipeline.StorePipeline(c, 8, seed=0, cache_dir=str(tmp_path / "index"))))
+  batch = next(iter(loader.StorePipeline(c, 8, seed=0, cache_dir=str(tmp_path / "index"))))
   docs = 0
   for i in range(8):
     ids, seg, ws = batch["input_ids"][i], batch["segment_ids"][i], batch["word_starts"][i]
@@ -213,11 +213,11 @@ def test_store_with_wordpiece(shared_data, folders, tmp_path):
   assert docs >= 8
 
 
-def test_ner_words_and_qa_offsets(folders, lines_by_lang):
+def test_ner_words_and_qa_offsets(hf_folders, lines_by_lang):
   from mlm_jax.tasks import features, qa
   from mlm_jax.tasks.readers import Example
   for kind in ("wordpiece", "bpe"):
-    tok = tokenizer_load.load(folders[kind])
+    tok = tokenizer_load.load(hf_folders[kind])
     lines = [l for l in lines_by_lang["en"] + lines_by_lang["de"] if "  " not in l.strip() and len(l) < 300][:30]
     # NER: the words' pieces are the sentence's pieces (BPE words after the first carry their space).
     ex = [Example(id=str(i), words=l.split(), tags=["O"] * len(l.split())) for i, l in enumerate(lines)]
@@ -242,12 +242,12 @@ def test_ner_words_and_qa_offsets(folders, lines_by_lang):
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
-def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, kind):
+def test_hf_round_trip_keeps_tokenizer_files(hf_folders, lines_by_lang, tmp_path, kind):
   """from_hf copies the folder's tokenizer; to_hf writes it back: AutoTokenizer and fill-mask agree with ours."""
   torch = pytest.importorskip("torch")
-  from mlm_jax.evaluation import fill_mask as inference
-  from mlm_jax.convert import folders as cio
-  tok = tokenizer_load.load(folders[kind])
+  from mlm_jax.evaluation import fill_mask
+  from mlm_jax.convert import folders
+  tok = tokenizer_load.load(hf_folders[kind])
   torch.manual_seed(0)
   small = dict(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                intermediate_size=48, max_position_embeddings=80)
@@ -258,29 +258,29 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
         **small, type_vocab_size=1, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id))
   src = tmp_path / "hf"
   model.eval().save_pretrained(str(src))
-  cio.write_tokenizer_files(tok, str(src))
-  summary = cio.from_hf(str(src), str(tmp_path / "ours"))
+  folders.write_tokenizer_files(tok, str(src))
+  summary = folders.from_hf(str(src), str(tmp_path / "ours"))
   assert summary["tokenizer"] == str(tmp_path / "ours" / "tokenizer" / "tokenizer.json")
   assert tokenizer_load.load(summary["tokenizer"]).sha256 == tok.sha256
   out = tmp_path / "exported"
-  files = cio.to_hf(str(tmp_path / "ours"), str(out))["files"]
+  files = folders.to_hf(str(tmp_path / "ours"), str(out))["files"]
   assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(files)
   assert set(tok.files()) <= set(files) and ("vocab.txt" in files) == (kind == "wordpiece")   # every original
   hf = transformers.AutoTokenizer.from_pretrained(str(out))
   lines = lines_by_lang["en"][:20] + lines_by_lang["ru"][:20]
   assert hf(lines)["input_ids"] == [[tok.bos_id] + ids + [tok.eos_id] for ids in tok.encode_batch(lines)]
   fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out), top_k=5, device="cpu")
-  lm = inference.from_workdir(str(tmp_path / "ours"))
-  from_folder = inference.from_hf_dir(str(out))   # tools/fill_mask.py --hf_dir: the folder's own tokenizer
+  lm = fill_mask.from_workdir(str(tmp_path / "ours"))
+  from_folder = fill_mask.from_hf_dir(str(out))   # tools/fill_mask.py --hf_dir: the folder's own tokenizer
   assert from_folder.tokenizer.sha256 == tok.sha256
   for n, text in enumerate((f"The capital of France is {tok.mask_token}.",
                             f"{tok.mask_token} was not here, said the {tok.mask_token}")):
-    ours = inference.fill_mask(lm, text, 5)
+    ours = fill_mask.fill_mask(lm, text, 5)
     theirs = fill(text)
     theirs = [theirs] if isinstance(theirs[0], dict) else theirs
     assert ours["ids"] == hf(text)["input_ids"]
     if n == 0:
-      again = inference.fill_mask(from_folder, text, 5)
+      again = fill_mask.fill_mask(from_folder, text, 5)
       assert [[p["id"] for p in m["predictions"]] for m in again["masks"]] == \
           [[p["id"] for p in m["predictions"]] for m in ours["masks"]]
     for m, t in zip(ours["masks"], theirs):
@@ -288,28 +288,28 @@ def test_hf_round_trip_keeps_tokenizer_files(folders, lines_by_lang, tmp_path, k
       np.testing.assert_allclose([p["probability"] for p in m["predictions"]], [p["score"] for p in t], rtol=1e-4)
 
 
-def test_store_and_streaming_give_the_same_bpe_ids_for_multi_line_documents(shared_data, folders, tmp_path):
+def test_store_and_streaming_give_the_same_bpe_ids_for_multi_line_documents(shared_data, hf_folders, tmp_path):
   """Byte-level BPE: prepare encodes a paragraph's later lines as ' ' + line, as the streaming path
   sees them (lines joined with spaces), so both paths give the same ids; pinned in prepare.json."""
   import json
-  from mlm_jax.data.store import shards as store_lib, prepare
-  from mlm_jax.data.text import stream as pipeline
-  tok = tokenizer_load.load(folders["bpe"])
+  from mlm_jax.data.store import shards, prepare
+  from mlm_jax.data.text import stream
+  tok = tokenizer_load.load(hf_folders["bpe"])
   lines = [l.split("\t")[1] for l in _lines(shared_data / EN, 40)]
   paragraphs = ["\n".join(lines[i:i + 3]) for i in range(0, 30, 3)]
   src = tmp_path / "en.txt"
   src.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
   root = str(tmp_path / "store")
-  opts = prepare.Options(sources=(f"en={src}",), tokenizer=folders["bpe"], doc_format="blank_line", eval_percent=0.0)
+  opts = prepare.Options(sources=(f"en={src}",), tokenizer=hf_folders["bpe"], doc_format="blank_line", eval_percent=0.0)
   prepare.prepare(opts, root, progress_s=1e9, log=lambda s: None)
   assert json.loads((tmp_path / "store" / "prepare.json").read_text())["later_lines"] == "space_prefixed"
-  st = store_lib.Store(root)
+  st = shards.Store(root)
   stored = [d.ids.tolist() for d in st.read("en", "train", np.arange(st.lengths("en", "train").size))]
-  c = data_config.data_defaults()
+  c = defaults.data_defaults()
   c.update(dict(sources=(f"en={src}",), doc_format="blank_line", seq_len=512, eval_percent=0.0,
                 shuffle_buffer=0, shuffle_files=False))
   streamed = []
-  for b in pipeline.build_dataset(c, tok, 4, 0, repeat=False).as_numpy_iterator():
+  for b in stream.build_dataset(c, tok, 4, 0, repeat=False).as_numpy_iterator():
     for ids, seg in zip(b["input_ids"], b["segment_ids"]):
       streamed += [ids[seg == s][1:-1].tolist() for s in np.unique(seg[seg > 0])]
   assert len(stored) == 10 and sorted(stored) == sorted(streamed)

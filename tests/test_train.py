@@ -15,6 +15,8 @@ import pytest
 
 from subproc import REPO, cpu_env
 
+from mlm_jax.workdir import restore
+
 
 
 def _cmd(workdir, data, *overrides, steps=12):
@@ -207,13 +209,13 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   import jax
   import numpy as np
   from flax import nnx
-  from mlm_jax.workdir import checkpoints as ckpt_lib, files as workdir_lib
-  from mlm_jax.evaluation import fill_mask as inference
+  from mlm_jax.workdir import checkpoints, files as workdir_files
+  from mlm_jax.evaluation import fill_mask
   from mlm_jax.model import tree_paths
   from mlm_jax.model.encoder import abstract_model
-  from mlm_jax.objectives import electra_model as electra
-  from mlm_jax.convert import folders as cio
-  from mlm_jax.convert import electra_towers as electra_convert
+  from mlm_jax.objectives import electra_model
+  from mlm_jax.convert import folders
+  from mlm_jax.convert import electra_towers
   from mlm_jax.errors import UserError
 
   lines = [json.loads(line) for line in (electra_run / "metrics.jsonl").read_text().splitlines()]
@@ -225,11 +227,11 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
                                                                               "disc_recall", "sampled_accuracy"))
 
   out = tmp_path / "hf"
-  summary = cio.to_hf(str(electra_run), str(out))
+  summary = folders.to_hf(str(electra_run), str(out))
   assert summary["step"] == 12 and "generator/model.safetensors" in summary["files"]
-  config, params, _ = electra_convert.restore_pair(str(electra_run))
-  pair = nnx.merge(electra.abstract_pair(config)[0], params)
-  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(str(electra_run), config))
+  config, params, _ = electra_towers.restore_pair(str(electra_run))
+  pair = nnx.merge(electra_model.abstract_pair(config)[0], params)
+  tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(str(electra_run), config))
   ids = [tok.bos_id] + tok.encode("The list is returned, and the <mask> is sorted in place.") + [tok.eos_id]
   x = np.asarray([ids], np.int32)
   args = (x, np.ones_like(x), np.arange(x.shape[1], dtype=np.int32)[None])
@@ -244,16 +246,16 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   np.testing.assert_allclose(ours_d, theirs_d, atol=1e-4, rtol=1e-4)
   np.testing.assert_allclose(ours_g, theirs_g, atol=1e-4, rtol=1e-4)
 
-  lm = inference.load(hf_dir=str(out / "generator"))
-  assert inference.fill_mask(lm, "the <mask> is sorted", top_k=3)["masks"][0]["predictions"]
+  lm = fill_mask.load(hf_dir=str(out / "generator"))
+  assert fill_mask.fill_mask(lm, "the <mask> is sorted", top_k=3)["masks"][0]["predictions"]
   with pytest.raises(UserError, match="ELECTRA discriminator.*no MLM head"):
-    inference.load(hf_dir=str(out / "discriminator"))
+    fill_mask.load(hf_dir=str(out / "discriminator"))
 
   # What `mlm_jax.finetune --init_from=RUN` restores: the discriminator, nothing of the generator.
-  ft_cfg = workdir_lib.read_config(str(electra_run)).model
+  ft_cfg = workdir_files.read_config(str(electra_run)).model
   ft_cfg.mlm_head = False
-  abstract = ckpt_lib.single_device(abstract_model(ft_cfg)[1])
-  restored = workdir_lib.restore_params_for(str(electra_run), ft_cfg, abstract)
+  abstract = checkpoints.single_device(abstract_model(ft_cfg)[1])
+  restored = restore.restore_params_for(str(electra_run), ft_cfg, abstract)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(params["discriminator"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=tree_paths.path_name(path))
 

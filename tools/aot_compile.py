@@ -22,17 +22,12 @@ import json
 import os
 import sys
 
-# Never take an attached accelerator: all work is tracing and compiling on the CPU.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-from mlm_jax import runtime  # noqa: E402
+from absl import app, flags
+from ml_collections import config_flags
 
-runtime.configure()
-
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from mlm_jax.training import aot  # noqa: E402
-from mlm_jax.errors import UserError  # noqa: E402
+from mlm_jax import runtime
+from mlm_jax.errors import UserError
+from mlm_jax.training import aot
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.batch_size=4096.", lock_config=True)
@@ -78,4 +73,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")   # never take an attached accelerator: all work is compiling
   runtime.run(main, exit_code=2)

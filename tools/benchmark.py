@@ -25,18 +25,13 @@ import statistics
 import sys
 import time
 
-from mlm_jax import runtime
-
-runtime.configure()   # before jax and tensorflow are imported
-if __name__ == "__main__":
-  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
-
-from mlm_jax.config.sizes import SIZES as PRESETS  # noqa: E402
+from mlm_jax import runtime   # importing mlm_jax sets the process up before jax and TensorFlow
+from mlm_jax.config.sizes import SIZES
 
 
 def _parse(argv) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmark.py train")
-  p.add_argument("--model", choices=sorted(PRESETS), default="mini")
+  p.add_argument("--model", choices=sorted(SIZES), default="mini")
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--steps", type=int, default=20)
@@ -59,12 +54,13 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _config(args, platform: str):
-  """(the resolved, checked and frozen config, why its attention implementation), as the binaries resolve."""
+  """(the resolved run: checked and frozen config, objective; why its attention implementation), as the
+  binaries resolve."""
   from mlm_jax.model import attention
   from mlm_jax.training import resolve
   from mlm_jax.config.defaults import default_config
   c = default_config()
-  c.model.update(PRESETS[args.model])
+  c.model.update(SIZES[args.model])
   c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
                       attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len),
                       attention_impl=args.attention_impl, scan_layers=args.scan_layers, remat=args.remat))
@@ -75,7 +71,7 @@ def _config(args, platform: str):
   # One segment per row, no padding (the batches below), as concat packing makes them: what cudnn serves.
   c.data.update(dict(seq_len=args.seq_len, packing="concat"))
   why = attention.resolve_impl(c.model, platform, args.seq_len, packed_documents=False)[1]
-  return resolve.resolve_for_compile(c, platform)[0], why
+  return resolve.resolve_for_compile(c, platform), why
 
 
 def _batches(args, n: int = 4) -> list:
@@ -93,12 +89,12 @@ def _batches(args, n: int = 4) -> list:
   return batches
 
 
-def _timed_steps(c, mesh, batches, args) -> dict:
+def _timed_steps(run, mesh, batches, args) -> dict:
   """Compile, warm up, then time `args.steps` steps: seconds, page faults and the last loss."""
   import jax
-  from mlm_jax.training import trainer as step
+  from mlm_jax.training import trainer as trainer_lib
   t0 = time.perf_counter()
-  tr = step.make_trainer(c, mesh)
+  tr = trainer_lib.make_trainer(run.config, mesh, run.objective(run.config))
   state = tr.init()
   batches = [jax.device_put(x, tr.batch_sharding) for x in batches]
   key = jax.random.key(0)
@@ -175,9 +171,10 @@ def train_main(argv):
 
   allocator = runtime.memory_policy()   # as the training binary does on CPU
   devices = jax.devices()[:args.devices]
-  c, impl_reason = _config(args, devices[0].platform)
+  run, impl_reason = _config(args, devices[0].platform)
+  c = run.config
   mesh = sharding.make_mesh(c.mesh, devices)
-  r = _timed_steps(c, mesh, _batches(args), args)
+  r = _timed_steps(run, mesh, _batches(args), args)
   b, s, times, total = args.batch, args.seq_len, r["times"], r["total"]
   tokens_per_sec = b * s * args.steps / total
   slots = masking.max_predictions(c.masking, s)
@@ -202,6 +199,7 @@ def train_main(argv):
 
 
 def main():
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
   if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input"):
     sys.exit("usage: benchmark.py {train|input} [flags]  (see --help of each)")
   if sys.argv[1] == "train":

@@ -32,9 +32,7 @@ import sys
 import tempfile
 import time
 
-from mlm_jax import runtime
-
-runtime.configure()   # before jax and tensorflow are imported
+import mlm_jax  # noqa: F401  (its import sets the process up before jax or TensorFlow is imported)
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(_REPO), "shared", "data"))
@@ -46,7 +44,7 @@ TOKENIZER_TEXT = (f"en={DEFAULT_INPUT}", os.path.join(_DATA, "corpus/en/gutenber
 
 def _tokenizer(args, inputs):
   from mlm_jax.data.tokenizers import load as tokenizer_load
-  from mlm_jax.data.tokenizers import spm_training as tokenizer_train
+  from mlm_jax.data.tokenizers import spm_training
   if args.tokenizer:
     return tokenizer_load.load(args.tokenizer)
   cache = os.path.join(tempfile.gettempdir(), f"mlm_jax_bench_spm_{args.vocab_size}")
@@ -54,7 +52,7 @@ def _tokenizer(args, inputs):
     return tokenizer_load.load(cache + ".model")
   t0 = time.perf_counter()
   text = TOKENIZER_TEXT if list(inputs) == [f"en={DEFAULT_INPUT}"] else list(inputs)
-  tok = tokenizer_train.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
+  tok = spm_training.train({f"t{i}": t.split("=", 1)[-1] for i, t in enumerate(text)}, cache, vocab_size=args.vocab_size, alpha=1.0,
                               max_sentences_per_language=200_000, input_sentence_size=300_000,
                               verbose=False)
   print(f"trained tokenizer {cache}.model in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
@@ -62,9 +60,9 @@ def _tokenizer(args, inputs):
 
 
 def _bench_pipeline(args, cfg, tok):
-  from mlm_jax.data.text import stream as pipeline
+  from mlm_jax.data.text import stream
   t0 = time.perf_counter()
-  it = pipeline.Pipeline(cfg, tok, args.batch_size, seed=0)
+  it = stream.Pipeline(cfg, tok, args.batch_size, seed=0)
   for _ in range(args.warmup):
     next(it)
   warm_s = time.perf_counter() - t0
@@ -84,9 +82,9 @@ def _bench_pipeline(args, cfg, tok):
 def _real_by_source(args, cfg, tok) -> dict:
   """The share of row slots that hold a real token, per source, over --batches batches (untimed)."""
   import numpy as np
-  from mlm_jax.data.text import stream as pipeline, sources
+  from mlm_jax.data.text import stream, sources
   names = [src.name for src in sources.parse_sources(cfg.sources, cfg.tfds_data_dir)]
-  ds = pipeline.build_dataset(cfg, tok, args.batch_size, seed=0, with_source=True).take(args.batches)
+  ds = stream.build_dataset(cfg, tok, args.batch_size, seed=0, with_source=True).take(args.batches)
   real, rows = np.zeros(len(names)), np.zeros(len(names))
   for b in ds.as_numpy_iterator():
     np.add.at(real, b["source"], (b["segment_ids"] > 0).sum(axis=1))
@@ -96,14 +94,14 @@ def _real_by_source(args, cfg, tok) -> dict:
 
 def _bench_store(args, cfg):
   """The store pipeline built in this process, and (--store_workers=N) in N worker processes."""
-  from mlm_jax.data.store import loader as store_pipeline
+  from mlm_jax.data.store import loader
   cfg = cfg.copy_and_resolve_references()
   cfg.sources = (f"store:{args.store}",)
   out = {}
   for workers in sorted({0, args.store_workers}):
     cfg.store_workers = workers
     t0 = time.perf_counter()
-    it = store_pipeline.StorePipeline(cfg, args.batch_size, seed=0)
+    it = loader.StorePipeline(cfg, args.batch_size, seed=0)
     build_s = time.perf_counter() - t0
     for _ in range(3 + 2 * workers):   # workers start (a second or so) and fill their queue
       next(it)
@@ -118,7 +116,7 @@ def _bench_store(args, cfg):
       state, resume = it.get_state(), {}
       for b in (0, 10**4, 10**6):
         t0 = time.perf_counter()
-        fresh = store_pipeline.StorePipeline(cfg, args.batch_size, seed=0)
+        fresh = loader.StorePipeline(cfg, args.batch_size, seed=0)
         fresh.set_state(dict(state, rows=b * args.batch_size))
         next(fresh)
         resume[f"batch_{b}"] = time.perf_counter() - t0
@@ -238,10 +236,10 @@ def main(argv=None):
                  help="with --store: also time it with this many worker processes (data.store_workers)")
   args = p.parse_args(argv)
 
-  from mlm_jax.config import data_defaults as data_config
-  from mlm_jax.data.text import stream as pipeline
+  from mlm_jax.config import defaults
+  from mlm_jax.data.text import stream
   inputs = args.input or [f"en={DEFAULT_INPUT}"]
-  cfg = data_config.data_defaults()
+  cfg = defaults.data_defaults()
   cfg.update(dict(sources=tuple(inputs), doc_format=args.doc_format, packing=args.packing,
                   seq_len=args.seq_len, shuffle_buffer=args.shuffle_buffer, threads=args.threads,
                   num_parallel_calls=args.num_parallel_calls, tokenize_batch=args.tokenize_batch,
@@ -250,7 +248,7 @@ def main(argv=None):
   result = dict(bench="input", inputs=list(inputs), doc_format=args.doc_format,
                 packing=args.packing, seq_len=args.seq_len, batch_size=args.batch_size,
                 vocab_size=tok.vocab_size, cpu_count=os.cpu_count(),
-                thread_settings=pipeline.thread_settings(cfg))
+                thread_settings=stream.thread_settings(cfg))
   r = _bench_pipeline(args, cfg, tok)
   result.update(r)
   if args.store:

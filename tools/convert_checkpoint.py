@@ -31,8 +31,6 @@ import sys
 
 from mlm_jax import runtime
 
-runtime.configure()   # before jax and tensorflow are imported
-
 
 def _parser():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -58,16 +56,16 @@ def _parser():
 def main(argv=None) -> int:
   a = _parser().parse_args(argv)
   runtime.setup_tool_logging()
-  from mlm_jax.convert import folders as cio
+  from mlm_jax.convert import folders
   from mlm_jax.errors import UserError
   try:
     if a.command == "to_hf":
-      summary = cio.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite)
+      summary = folders.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite)
       print(f"wrote {a.out} ({summary['arch']}, step {summary['step']}): {', '.join(summary['files'])}")
       if summary.get("note"):
         print(f"note: {summary['note']}")
     else:
-      summary = cio.from_hf(a.hf_dir, a.out, tokenizer=a.tokenizer, overwrite=a.overwrite)
+      summary = folders.from_hf(a.hf_dir, a.out, tokenizer=a.tokenizer, overwrite=a.overwrite)
       print(f"wrote {a.out} from {summary['weights']} ({summary['arch']})")
       if summary["fresh_head"]:
         print(f"note: {a.hf_dir} has no MLM head (a base model): the head is freshly initialized")

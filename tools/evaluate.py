@@ -23,17 +23,13 @@ import sys
 
 from mlm_jax import runtime
 
-runtime.configure()   # before jax and tensorflow are imported
-if __name__ == "__main__":
-  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py)
-
 
 def _parser():
-  from mlm_jax.evaluation import fill_mask as inference
+  from mlm_jax.evaluation import fill_mask
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   sub = p.add_subparsers(dest="command", required=True)
   m = sub.add_parser("mlm", help="masked-LM loss, accuracy, perplexity and pseudo-log-likelihood on text files")
-  inference.add_source_flags(m)
+  fill_mask.add_source_flags(m)
   m.add_argument("--data", required=True, help="text files: comma-separated globs, .gz read transparently")
   m.add_argument("--seq_len", type=int, default=128)
   m.add_argument("--batch_size", type=int, default=32)
@@ -74,31 +70,31 @@ def _pack(rows: list, seq_len: int, pad_id: int, batch_size: int):
 
 
 def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int, hf_model=None) -> dict:
-  """Masked-LM sums over all rows with fixed masks (key folded with the batch index): the eval step of
-  pretraining (objectives.mlm.MLM.evaluate), on one device. `hf_model` (a transformers masked LM) is scored on
-  the same corrupted batches with labels at the masked positions, as its own loss computes it."""
+  """The held-out evaluator of pretraining (evaluation/heldout.py: the MLM objective's eval step summed
+  with masks from one fixed key of `seed`) over all rows, on one device. `hf_model` (a transformers
+  masked LM) is scored on the same corrupted batches with labels at the masked positions, as its own
+  loss computes it."""
   import jax
-  import jax.numpy as jnp
   import ml_collections
   from flax import nnx
-  from mlm_jax.objectives import mlm as mlm_lib, sparse_loss
+  from mlm_jax.evaluation import heldout
+  from mlm_jax.objectives.mlm import MLM
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  mlm = mlm_lib.MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
-  sums_fn = jax.jit(lambda params, batch, key: mlm.evaluate(nnx.merge(graphdef, params), batch, key))
-
-  mask_fn = jax.jit(mlm.prepare)
+  mlm = MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
+  eval_step = jax.jit(lambda params, batch, key: mlm.evaluate(nnx.merge(graphdef, params), batch, key))
+  key = heldout.eval_key(seed)
   ids, seg, pos = _pack(rows, seq_len, lm.tokenizer.pad_id, batch_size)
-  total, hf_sum = None, 0.0
-  for b in range(0, len(ids), batch_size):
-    batch = dict(input_ids=ids[b:b + batch_size], segment_ids=seg[b:b + batch_size], positions=pos[b:b + batch_size])
-    key = jax.random.fold_in(jax.random.key(seed), b // batch_size)
-    s = sums_fn(params, batch, key)
-    total = s if total is None else jax.tree.map(jnp.add, total, s)
-    if hf_model is not None:
+  batches = [dict(input_ids=ids[b:b + batch_size], segment_ids=seg[b:b + batch_size], positions=pos[b:b + batch_size])
+             for b in range(0, len(ids), batch_size)]
+  sums = heldout.summed(mlm, eval_step, params, batches, key)
+  rates = heldout.rates(mlm, sums)
+  out = dict(loss=rates["eval_loss"], accuracy=rates["eval_accuracy"], perplexity=rates["eval_perplexity"],
+             num_predictions=int(sums["num_predictions"]))
+  hf_sum = 0.0
+  if hf_model is not None:
+    mask_fn = jax.jit(mlm.prepare)
+    for batch in batches:
       hf_sum += _transformers_loss_sum(hf_model, jax.device_get(mask_fn(batch, key)))
-  rates = sparse_loss.summarize(jax.device_get(total))
-  out = dict(loss=float(rates["loss"]), accuracy=float(rates["accuracy"]), perplexity=float(rates["perplexity"]),
-             num_predictions=int(rates["num_predictions"]))
   if hf_model is not None:
     out["transformers_loss"] = hf_sum / max(out["num_predictions"], 1)
     out["loss_abs_diff"] = abs(out["transformers_loss"] - out["loss"])
@@ -161,23 +157,20 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
                  max_lines=0, pll_lines=50, seed=0, against_transformers=False) -> dict:
-  from mlm_jax.evaluation import fill_mask as inference
-  from mlm_jax.workdir import files as workdir_lib
   from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import UserError
-  lm = inference.load(workdir=workdir, hf_dir=hf_dir, step=step, tokenizer=tokenizer)
-  cfg = lm.model_config
-  limit = cfg.max_position_embeddings - cfg.position_offset if cfg.positions == "learned" else seq_len
-  if seq_len > limit:
-    raise UserError(f"--seq_len={seq_len}: the model has positions for {limit} tokens")
+  from mlm_jax.evaluation import fill_mask
+  from mlm_jax.training import resolve
+  from mlm_jax.workdir import files as workdir_files
+  lm = fill_mask.load(workdir=workdir, hf_dir=hf_dir, step=step, tokenizer=tokenizer)
+  resolve.check_positions(lm.model_config, seq_len, "--seq_len")
   kcfg = default_config().masking
   if workdir:
-    run = workdir_lib.read_config(workdir)
-    if "masking" in run:
+    run = workdir_files.read_config(workdir)
+    if run.kind == "pretraining":
       kcfg.update({k: v for k, v in run.masking.to_dict().items() if k in kcfg})
   tok = lm.tokenizer
-  kcfg.mask_id = tok.mask_id
-  kcfg.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
+  resolve.bind_masking_ids(kcfg, tok)
   rows = sequences(tok, [p for p in data.split(",") if p], seq_len, max_lines)
   if not rows:
     raise UserError(f"--data={data}: no text lines")
@@ -195,6 +188,7 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
 
 
 def main(argv=None) -> int:
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
   a = _parser().parse_args(argv)
   runtime.setup_tool_logging()
   from mlm_jax.errors import UserError

@@ -20,8 +20,6 @@ import sys
 
 from mlm_jax import runtime
 
-runtime.configure()   # before jax and tensorflow are imported
-
 
 def _table(result) -> str:
   lines = [f"text: {result['text']}"]
@@ -34,10 +32,10 @@ def _table(result) -> str:
 
 
 def main(argv=None) -> int:
-  from mlm_jax.evaluation import fill_mask as inference
+  from mlm_jax.evaluation import fill_mask
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("text", nargs="+", help="text with one or more <mask>")
-  inference.add_source_flags(p)
+  fill_mask.add_source_flags(p)
   p.add_argument("--top_k", type=int, default=5)
   p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
   runtime.add_verbosity_flag(p)
@@ -48,8 +46,8 @@ def main(argv=None) -> int:
   runtime.setup_tool_logging()
   from mlm_jax.errors import UserError
   try:
-    lm = inference.load(workdir=a.workdir, hf_dir=a.hf_dir, step=a.step, tokenizer=a.tokenizer)
-    results = [inference.fill_mask(lm, t, a.top_k) for t in a.text]
+    lm = fill_mask.load(workdir=a.workdir, hf_dir=a.hf_dir, step=a.step, tokenizer=a.tokenizer)
+    results = [fill_mask.fill_mask(lm, t, a.top_k) for t in a.text]
   except UserError as e:
     runtime.report_user_error(e)
     return 2

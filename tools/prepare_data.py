@@ -18,8 +18,6 @@ import sys
 
 from mlm_jax import runtime
 
-runtime.configure()   # before jax and tensorflow are imported
-
 
 def main(argv=None):
   from mlm_jax.data.store import prepare
@@ -69,9 +67,9 @@ def _real_fractions(root: str, manifest: dict, seq_len: int) -> dict:
   packed into `seq_len` rows (segmented, best-fit, the default window; a fixed document order, so
   within a fraction of a percent of what any seed gives). Built from the token counts alone."""
   import numpy as np
-  from mlm_jax.config import data_defaults as data_config
-  from mlm_jax.data.store import shards as store_lib, index as store_index
-  store, window = store_lib.Store(root), data_config.data_defaults().packing_window
+  from mlm_jax.config import defaults
+  from mlm_jax.data.store import shards, index as store_index
+  store, window = shards.Store(root), defaults.data_defaults().packing_window
   out = {}
   for name in manifest["sources"]:
     lens = store.lengths(name, "train")

@@ -18,9 +18,7 @@ import json
 import os
 import sys
 
-from mlm_jax import runtime
-
-runtime.configure()   # before jax and tensorflow are imported
+import mlm_jax  # noqa: F401  (its import sets the process up before jax or TensorFlow is imported)
 
 
 def corpus_lines(language_dir: str, max_lines: int = 0) -> list:
@@ -57,14 +55,14 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   import transformers
-  from mlm_jax.data.tokenizers import hf_tokenizers as tokenizer_hf
+  from mlm_jax.data.tokenizers import hf_tokenizers
   from mlm_jax.data.tokenizers import load as tokenizer_load
   transformers.logging.set_verbosity_error()
   langs = {os.path.basename(d.rstrip("/")): d for d in sorted(glob.glob(a.corpus)) if os.path.isdir(d)}
   folder = a.hf_dir
   if a.train_bpe:
     sample = [line for d in langs.values() for line in corpus_lines(d, 3000)]
-    tokenizer_hf.train_bpe(sample, a.train_bpe, a.bpe_vocab_size)
+    hf_tokenizers.train_bpe(sample, a.train_bpe, a.bpe_vocab_size)
     folder = a.train_bpe
   tok = tokenizer_load.load(folder)
   hf_tok = transformers.AutoTokenizer.from_pretrained(folder)

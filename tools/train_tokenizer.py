@@ -14,11 +14,9 @@ import sys
 
 from mlm_jax import runtime
 
-runtime.configure()   # before jax and tensorflow are imported
-
-from mlm_jax.data.tokenizers import base as tokenizer_base  # noqa: E402
-from mlm_jax.data.tokenizers import spm_training as tokenizer_train  # noqa: E402
-from mlm_jax.errors import UserError  # noqa: E402
+from mlm_jax.data.tokenizers import base as tokenizer_base
+from mlm_jax.data.tokenizers import spm_training
+from mlm_jax.errors import UserError
 
 
 def main(argv=None):
@@ -40,7 +38,7 @@ def main(argv=None):
   runtime.add_verbosity_flag(p)
   a = p.parse_args(argv)
   try:
-    tok = tokenizer_train.train(
+    tok = spm_training.train(
         a.input, a.out, vocab_size=a.vocab_size, layout=a.layout, model_type=a.model_type,
         alpha=a.alpha, max_sentences_per_language=a.max_sentences_per_language,
         input_sentence_size=a.input_sentence_size, character_coverage=a.character_coverage,

@@ -13,6 +13,7 @@ from mlm_jax.config.defaults import default_config, loop_defaults
 def finetune_config() -> ml_collections.ConfigDict:
   base = default_config()
   c = ml_collections.ConfigDict()
+  c.kind = "finetuning"          # what the config is for (pretraining configs: "pretraining")
   c.seed = 0
   # Where the encoder comes from (also settable as --init_from): a pretraining workdir (its latest
   # checkpoint, its config.json and tokenizer), a from_hf output folder, or a transformers folder

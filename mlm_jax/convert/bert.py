@@ -58,8 +58,8 @@ def model_config_from_hf(hf: Mapping, base: ml_collections.ConfigDict) -> ml_col
   cfg.initializer_range = float(hf.get("initializer_range", 0.02))
   cfg.position_offset = 0 if arch == "bert" else int(hf.get("pad_token_id", 1)) + 1
   cfg.positions, cfg.norm, cfg.mlp = "learned", "post", "gelu"
-  from mlm_jax.model import encoder as model
-  cfg.update({k: True for k in (*model.MODEL_FIELDS, "embedding_norm")})   # every bias and norm
+  from mlm_jax.model import encoder
+  cfg.update({k: True for k in (*encoder.MODEL_FIELDS, "embedding_norm")})   # every bias and norm
   return cfg
 
 
@@ -79,8 +79,8 @@ def hf_config(cfg: ml_collections.ConfigDict, arch: str, pad_token_id: int, bos_
   if cfg.positions != "learned" or cfg.norm != "post" or cfg.mlp != "gelu":
     raise ConversionError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no "
                           f"{arch} equivalent in transformers: expected learned / post / gelu")
-  from mlm_jax.model import encoder as model
-  switched_off = [k for k in (*model.MODEL_FIELDS, "embedding_norm") if not cfg[k]]
+  from mlm_jax.model import encoder
+  switched_off = [k for k in (*encoder.MODEL_FIELDS, "embedding_norm") if not cfg[k]]
   if switched_off:
     raise ConversionError(f"model.{switched_off[0]}=False has no {arch} equivalent in transformers (its layers "
                           "all have biases and norms)")

@@ -20,12 +20,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from mlm_jax.workdir import checkpoints as ckpt_lib
+from mlm_jax.workdir import checkpoints
 from mlm_jax.model import scan_layout
-from mlm_jax.workdir import files as workdir_lib
-from mlm_jax.convert import bert as hf, tokenizer_files as hf_tokenizer
+from mlm_jax.workdir import files as workdir_files
+from mlm_jax.convert import bert, tokenizer_files
 from mlm_jax.errors import ConversionError
-from mlm_jax.objectives import electra_model as electra_pair
+from mlm_jax.objectives import electra_model
 from mlm_jax.model.tree_paths import path_name
 
 ARCH = "electra"   # transformers' model_type
@@ -48,9 +48,9 @@ def mapping(cfg: ml_collections.ConfigDict, kind: str) -> list:
   from mlm_jax.model.encoder import embedding_size
   ident = lambda x: x
   t = lambda x: x.T
-  bert = ml_collections.ConfigDict(cfg.to_dict())
-  bert.use_pooler = False
-  rows = [(ours, "electra." + theirs[len("bert."):], a, b) for ours, theirs, a, b in hf.mapping(bert, "bert")
+  as_bert = ml_collections.ConfigDict(cfg.to_dict())
+  as_bert.use_pooler = False
+  rows = [(ours, "electra." + theirs[len("bert."):], a, b) for ours, theirs, a, b in bert.mapping(as_bert, "bert")
           if theirs.startswith("bert.")]
   if embedding_size(cfg) != cfg.hidden_size:
     rows += [("embeddings_project_kernel", "electra.embeddings_project.weight", t, t),
@@ -88,10 +88,10 @@ def hf_config(cfg: ml_collections.ConfigDict, kind: str, tok) -> dict:
 
 def tower_flats(params, config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
   """The pair's params -> {kind: flat unscanned params of that tower}; the shared tables go to both."""
-  flat = hf.flatten(params)
+  flat = bert.flatten(params)
   towers = {}
-  for kind, prefix, cfg in ((DISCRIMINATOR, "discriminator.", electra_pair.discriminator_config(config)),
-                            (GENERATOR, "generator.", electra_pair.generator_config(config))):
+  for kind, prefix, cfg in ((DISCRIMINATOR, "discriminator.", electra_model.discriminator_config(config)),
+                            (GENERATOR, "generator.", electra_model.generator_config(config))):
     own = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
     if cfg.scan_layers:
       own = scan_layout.unscan_flat(own, cfg)
@@ -118,9 +118,9 @@ def state_dict(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, k
 
 def restore_pair(workdir: str, step: int | None = None):
   """(config, pair params on one device, step) of an ELECTRA workdir."""
-  config = workdir_lib.read_config(workdir)
-  _, abstract = electra_pair.abstract_pair(config)
-  params, step = ckpt_lib.restore_params(workdir, ckpt_lib.single_device(abstract), step)
+  config = workdir_files.read_config(workdir)
+  _, abstract = electra_model.abstract_pair(config)
+  params, step = checkpoints.restore_params(workdir, checkpoints.single_device(abstract), step)
   return config, params, step
 
 
@@ -129,8 +129,8 @@ def to_hf(workdir: str, out: str, step: int | None = None) -> dict:
   by the caller (checkpoint_io.to_hf, through the objective's `to_hf`)."""
   from safetensors.numpy import save_file
   config, params, step = restore_pair(workdir, step)
-  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), config.model.vocab_size)
-  cfgs = {DISCRIMINATOR: electra_pair.discriminator_config(config), GENERATOR: electra_pair.generator_config(config)}
+  tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), config.model.vocab_size)
+  cfgs = {DISCRIMINATOR: electra_model.discriminator_config(config), GENERATOR: electra_model.generator_config(config)}
   hcfgs = {kind: hf_config(cfg, kind, tok) for kind, cfg in cfgs.items()}   # every check before writing
   flats = tower_flats(params, config)
   files = []
@@ -141,7 +141,7 @@ def to_hf(workdir: str, out: str, step: int | None = None) -> dict:
       json.dump(hcfgs[kind], f, indent=2, sort_keys=True)
     save_file(state_dict(flats[kind], cfgs[kind], kind), os.path.join(folder, "model.safetensors"),
               metadata={"format": "pt"})
-    written = ["config.json", "model.safetensors"] + hf_tokenizer.write(
+    written = ["config.json", "model.safetensors"] + tokenizer_files.write(
         tok, folder, model_max_length=cfgs[kind].max_position_embeddings)
     files += [f"{sub}/{name}" for name in written]
   return dict(step=step, arch=ARCH, files=files, out=out)
@@ -160,7 +160,7 @@ def kind_of(hcfg: Mapping) -> str:
 
 def model_config_from_hf(hcfg: Mapping, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Our Encoder config for one HF ELECTRA tower (the discriminator without MLM head)."""
-  cfg = hf.model_config_from_hf(dict(hcfg, model_type="bert"), base)
+  cfg = bert.model_config_from_hf(dict(hcfg, model_type="bert"), base)
   cfg.embedding_size = int(hcfg.get("embedding_size", cfg.hidden_size))
   cfg.mlm_head = kind_of(hcfg) == GENERATOR
   return cfg
@@ -179,4 +179,4 @@ def params_from_hf(sd: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict,
     flat[ours] = to_ours(np.asarray(sd[theirs]))
   if cfg.get("scan_layers"):
     flat = scan_layout.scan_flat(flat, cfg)
-  return hf.fill(template, flat)
+  return bert.fill(template, flat)

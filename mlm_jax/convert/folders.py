@@ -30,14 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 import ml_collections
 
-from mlm_jax.workdir import checkpoints as ckpt_lib
+from mlm_jax.workdir import restore
+from mlm_jax.workdir import checkpoints
 from mlm_jax import errors
-from mlm_jax.model import encoder as model_lib
-from mlm_jax.workdir import files as workdir_lib
-from mlm_jax.convert import electra_towers as electra, bert as hf, tokenizer_files as hf_tokenizer, modernbert
-from mlm_jax.data.tokenizers import base as tok_lib
-from mlm_jax.data.tokenizers import hf_tokenizers as tokenizer_hf
-from mlm_jax.data.tokenizers import load as tok_load
+from mlm_jax.model import encoder
+from mlm_jax.workdir import files as workdir_files
+from mlm_jax.convert import electra_towers, bert, tokenizer_files, modernbert
+from mlm_jax.data.tokenizers import base as tokenizer_base
+from mlm_jax.data.tokenizers import hf_tokenizers
+from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.data.tokenizers import spm as tokenizer_spm
 from mlm_jax.objectives import registry
 
@@ -67,22 +68,22 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   """Writes an HF folder from a workdir; returns a summary (step, arch, files)."""
   from safetensors.numpy import save_file
   _check_out(out, overwrite)
-  config = workdir_lib.read_config(workdir)
+  config = workdir_files.read_config(workdir)
   objective = registry.for_config(config)
   own = objective.to_hf(workdir, out, step, arch)   # an objective with its own transformers classes (ELECTRA)
   if own is not None:
     return own
   subtree, mcfg = objective.encoder(config)
-  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), mcfg.vocab_size)
   arch = arch or ("roberta" if tok.family == "bpe" and mcfg.position_offset else default_arch(mcfg))
-  if arch not in hf.ARCHS:
-    raise ConversionError(f"unknown architecture --arch={arch!r}: expected one of {', '.join(hf.ARCHS)}")
+  if arch not in bert.ARCHS:
+    raise ConversionError(f"unknown architecture --arch={arch!r}: expected one of {', '.join(bert.ARCHS)}")
   try:
-    hcfg = hf.hf_config(mcfg, arch, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
+    hcfg = bert.hf_config(mcfg, arch, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
   except ValueError as e:
     raise ConversionError(str(e)) from None
-  _, params, step = workdir_lib.restore_model(workdir, mcfg, step, subtree=subtree)
-  state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.params_to_hf(params, mcfg, arch).items()}
+  _, params, step = restore.restore_model(workdir, mcfg, step, subtree=subtree)
+  state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in bert.params_to_hf(params, mcfg, arch).items()}
   if mcfg.type_vocab_size == 0 and arch != modernbert.ARCH:
     # Our model has no token types; transformers always adds one: a zero row changes nothing.
     prefix = "bert" if arch == "bert" else "roberta"
@@ -102,7 +103,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   save_file(state_dict, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
   files = ["config.json", "model.safetensors"]
   if tok.family == "sentencepiece":
-    files += hf_tokenizer.write(tok, out, model_max_length=mcfg.max_position_embeddings - mcfg.position_offset)
+    files += tokenizer_files.write(tok, out, model_max_length=mcfg.max_position_embeddings - mcfg.position_offset)
   else:   # WordPiece / byte-level BPE: the original files are what AutoTokenizer reads
     files += write_tokenizer_files(tok, out)
   return dict(step=step, arch=arch, files=files, out=out, **({"note": dropped} if dropped else {}))
@@ -122,9 +123,9 @@ def read_hf_config(hf_dir: str) -> dict:
       hcfg = json.load(f)
     except json.JSONDecodeError as e:
       raise ConversionError(f"{path}: not valid JSON ({e})") from None
-  if hcfg.get("model_type") not in hf.ARCHS + (electra.ARCH,):
+  if hcfg.get("model_type") not in bert.ARCHS + (electra_towers.ARCH,):
     raise ConversionError(f"{path}: unknown architecture model_type={hcfg.get('model_type')!r}: expected one "
-                          f"of {', '.join(hf.ARCHS + (electra.ARCH,))}")
+                          f"of {', '.join(bert.ARCHS + (electra_towers.ARCH,))}")
   return hcfg
 
 
@@ -179,7 +180,7 @@ def read_hf_weights(hf_dir: str) -> tuple[dict, str]:
 
 def _canonical_names(sd: dict, arch: str) -> dict:
   """Older checkpoints' spellings (LayerNorm gamma/beta, the MLM bias under `decoder`) -> today's."""
-  if arch not in hf.BERT_ARCHS:   # the BERT family's table (ModernBERT has its own names)
+  if arch not in bert.BERT_ARCHS:   # the BERT family's table (ModernBERT has its own names)
     return dict(sd)
   out = {}
   prefix = "bert" if arch == "bert" else "roberta"
@@ -198,18 +199,18 @@ def _canonical_names(sd: dict, arch: str) -> dict:
   return out
 
 
-def folder_tokenizer(hf_dir: str) -> tok_lib.Tokenizer | None:
+def folder_tokenizer(hf_dir: str) -> tokenizer_base.Tokenizer | None:
   """The tokenizer a transformers folder carries (`tokenizer.load`'s choice), or None without one."""
-  names = (tokenizer_spm.SPM_FILE, tokenizer_spm.FAIRSEQ_FILE) + tokenizer_hf.MAIN_FILES
+  names = (tokenizer_spm.SPM_FILE, tokenizer_spm.FAIRSEQ_FILE) + hf_tokenizers.MAIN_FILES
   if not any(os.path.exists(os.path.join(hf_dir, n)) for n in names):
     return None
   try:
-    return tok_load.load(hf_dir)
+    return tokenizer_load.load(hf_dir)
   except errors.DataError as e:
     raise ConversionError(str(e)) from None
 
 
-def write_tokenizer_files(tok: tok_lib.Tokenizer, folder: str) -> list[str]:
+def write_tokenizer_files(tok: tokenizer_base.Tokenizer, folder: str) -> list[str]:
   """Writes `tok.files()` into `folder` (a from_hf output's tokenizer/, an exported HF folder)."""
   os.makedirs(folder, exist_ok=True)
   for name, data in tok.files().items():
@@ -221,9 +222,9 @@ def write_tokenizer_files(tok: tok_lib.Tokenizer, folder: str) -> list[str]:
 def model_config(hcfg: dict) -> ml_collections.ConfigDict:
   from mlm_jax.config.defaults import default_config
   try:
-    if hcfg.get("model_type") == electra.ARCH:
-      return electra.model_config_from_hf(hcfg, default_config().model)
-    return hf.model_config_from_hf(hcfg, default_config().model)
+    if hcfg.get("model_type") == electra_towers.ARCH:
+      return electra_towers.model_config_from_hf(hcfg, default_config().model)
+    return bert.model_config_from_hf(hcfg, default_config().model)
   except (KeyError, ValueError) as e:
     raise ConversionError(f"HF config.json: {e}") from None
 
@@ -235,13 +236,13 @@ _HEAD = ("head_kernel", "head_bias", "head_norm.scale", "head_norm.bias", "decod
 def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> bool:
   """A base-model checkpoint (sentence-transformers: BertModel, no MLM head) gets a freshly initialized
   head, as transformers' *ForMaskedLM.from_pretrained would; returns whether it did."""
-  if arch not in hf.BERT_ARCHS:
+  if arch not in bert.BERT_ARCHS:
     return False   # ModernBERT: its converter names every tensor it needs
-  rows = [(ours, theirs, to_hf) for ours, theirs, _, to_hf in hf.mapping(mcfg, arch) if ours in _HEAD]
+  rows = [(ours, theirs, to_hf) for ours, theirs, _, to_hf in bert.mapping(mcfg, arch) if ours in _HEAD]
   if any(theirs in sd for _, theirs, _ in rows):
     return False
   from flax import nnx
-  flat = hf.flatten(nnx.state(model_lib.Encoder(mcfg, seed=0), nnx.Param))
+  flat = bert.flatten(nnx.state(encoder.Encoder(mcfg, seed=0), nnx.Param))
   for ours, theirs, to_hf in rows:
     sd[theirs] = np.asarray(to_hf(flat[ours]))
   return True
@@ -249,10 +250,10 @@ def _add_fresh_head(sd: dict, mcfg: ml_collections.ConfigDict, arch: str) -> boo
 
 def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str):
   """(graphdef, params, fresh_head) from an HF state dict, every tensor's presence and shape checked by name."""
-  if arch == electra.ARCH:   # one tower: the generator (with MLM head) or the discriminator (without)
-    graphdef, abstract = model_lib.abstract_model(mcfg)
-    kind = electra.GENERATOR if mcfg.mlm_head else electra.DISCRIMINATOR
-    return graphdef, electra.params_from_hf(sd, mcfg, kind, abstract), False
+  if arch == electra_towers.ARCH:   # one tower: the generator (with MLM head) or the discriminator (without)
+    graphdef, abstract = encoder.abstract_model(mcfg)
+    kind = electra_towers.GENERATOR if mcfg.mlm_head else electra_towers.DISCRIMINATOR
+    return graphdef, electra_towers.params_from_hf(sd, mcfg, kind, abstract), False
   sd = _canonical_names(sd, arch)
   # Checkpoints saved from *ForPreTraining / base models carry the pooler; keep it (fine-tuning
   # heads use it as BERT does). *ForMaskedLM checkpoints have none.
@@ -261,9 +262,9 @@ def params_from_state_dict(sd: dict, mcfg: ml_collections.ConfigDict, arch: str)
     # BertForPreTraining's NSP head (bert-base-uncased's checkpoint has it): kept for mlm+nsp runs
     mcfg.sentence_head = arch == "bert" and "cls.seq_relationship.weight" in sd
   fresh_head = _add_fresh_head(sd, mcfg, arch)
-  graphdef, abstract = model_lib.abstract_model(mcfg)
+  graphdef, abstract = encoder.abstract_model(mcfg)
   try:
-    return graphdef, hf.params_from_hf(sd, mcfg, arch, abstract), fresh_head
+    return graphdef, bert.params_from_hf(sd, mcfg, arch, abstract), fresh_head
   except (KeyError, ValueError) as e:
     raise ConversionError(e.args[0] if e.args else str(e)) from None
 
@@ -283,7 +284,7 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   sd, source = read_hf_weights(hf_dir)
   _, params, fresh_head = params_from_state_dict(sd, mcfg, arch)
 
-  tok = workdir_lib.load_tokenizer(tokenizer, mcfg.vocab_size) if tokenizer else folder_tokenizer(hf_dir)
+  tok = workdir_files.load_tokenizer(tokenizer, mcfg.vocab_size) if tokenizer else folder_tokenizer(hf_dir)
   if tok is not None and tok.vocab_size != mcfg.vocab_size:
     raise ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} but "
                           f"its {tok.family} tokenizer has {tok.vocab_size} pieces")
@@ -301,8 +302,8 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   os.makedirs(out, exist_ok=True)
   if tok is not None:
     write_tokenizer_files(tok, tok_dir)
-    workdir_lib.load_tokenizer(tok_path, mcfg.vocab_size)   # the written files load and agree
-  ckpt = ckpt_lib.Checkpointer(out, keep=1, async_save=False)
+    workdir_files.load_tokenizer(tok_path, mcfg.vocab_size)   # the written files load and agree
+  ckpt = checkpoints.Checkpointer(out, keep=1, async_save=False)
   state = {"params": jax.tree.map(jnp.asarray, params), "step": jnp.zeros((), jnp.int32)}
   ckpt.save(0, state, {"from_hf": os.path.abspath(hf_dir), "weights": os.path.basename(source)})
   ckpt.close()

@@ -25,7 +25,7 @@ import shutil
 
 from sentencepiece import sentencepiece_model_pb2
 
-from mlm_jax.data.tokenizers import base as tok_lib
+from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.errors import ConversionError
 
 # Copied next to the HF files; the name is not one that transformers' classes look for.
@@ -36,13 +36,13 @@ _NEVER_FROM_TEXT = -1e9
 _NFKC_RULES = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf")
 
 
-def _proto(tok: tok_lib.Tokenizer) -> sentencepiece_model_pb2.ModelProto:
+def _proto(tok: tokenizer_base.Tokenizer) -> sentencepiece_model_pb2.ModelProto:
   m = sentencepiece_model_pb2.ModelProto()
   m.ParseFromString(tok.model_proto)
   return m
 
 
-def _special_tokens(tok: tok_lib.Tokenizer) -> dict:
+def _special_tokens(tok: tokenizer_base.Tokenizer) -> dict:
   """HF role -> piece string, from our ids (CLS/SEP are BOS/EOS in both layouts)."""
   piece = tok.id_to_piece
   return dict(bos_token=piece(tok.bos_id), eos_token=piece(tok.eos_id), unk_token=piece(tok.unk_id),
@@ -77,7 +77,7 @@ def _bpe(proto, unk_piece: str, byte_fallback: bool):
                     fuse_unk=True, byte_fallback=byte_fallback)
 
 
-def build(tok: tok_lib.Tokenizer):
+def build(tok: tokenizer_base.Tokenizer):
   """A `tokenizers.Tokenizer` that encodes text to our ids (BOS ... EOS added as ours are)."""
   from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
   proto = _proto(tok)
@@ -129,7 +129,7 @@ def build(tok: tok_lib.Tokenizer):
   return t
 
 
-def write(tok: tok_lib.Tokenizer, out_dir: str, model_max_length: int) -> list[str]:
+def write(tok: tokenizer_base.Tokenizer, out_dir: str, model_max_length: int) -> list[str]:
   """Writes tokenizer.json, tokenizer_config.json, special_tokens_map.json and the .model; returns names."""
   t = build(tok)
   t.save(os.path.join(out_dir, "tokenizer.json"))
@@ -144,8 +144,8 @@ def write(tok: tok_lib.Tokenizer, out_dir: str, model_max_length: int) -> list[s
     json.dump(sp, f, indent=2, ensure_ascii=False)
   with open(os.path.join(out_dir, SPM_FILE), "wb") as f:
     f.write(tok.model_proto)
-  ids_src = tok_lib.special_ids_path(tok.model_path)
-  ids_dst = tok_lib.special_ids_path(os.path.join(out_dir, SPM_FILE))
+  ids_src = tokenizer_base.special_ids_path(tok.model_path)
+  ids_dst = tokenizer_base.special_ids_path(os.path.join(out_dir, SPM_FILE))
   if os.path.exists(ids_src):
     shutil.copyfile(ids_src, ids_dst)
   else:

@@ -1,10 +1,11 @@
-"""The one place that decides a run's input: config + the objective's input kind -> batch iterator.
+"""The one place that makes a run's input: config + the objective's input kind -> batch iterator,
+and `LoopInput`, the iterator as the training loop reads it.
 
 An objective says which input it needs (`input_kind`); the config says where the text is:
 
   input kind   data.sources      iterator
-  rows         store:DIR         store/pipeline.py StorePipeline: packed rows, O(1) resume
-  rows         text, TFDS, ...   text/pipeline.py Pipeline: streaming tf.data, resume replays
+  rows         store:DIR         store/loader.py StorePipeline: packed rows, O(1) resume
+  rows         text, TFDS, ...   text/stream.py Pipeline: streaming tf.data, resume replays
   nsp_pairs    store:DIR         store/pairs.py PairPipeline(task='nsp'): one sentence pair a row
   sop_pairs    store:DIR         store/pairs.py PairPipeline(task='sop')
 
@@ -15,8 +16,7 @@ the path a run takes: the streaming path costs a TensorFlow import that a store 
 """
 from __future__ import annotations
 
-from typing import Optional
-
+from mlm_jax.data import specs
 from mlm_jax.errors import DataError
 
 # input kind -> the sentence-pair task it reads (None: packed rows of documents)
@@ -24,12 +24,12 @@ INPUT_KINDS = {"rows": None, "nsp_pairs": "nsp", "sop_pairs": "sop"}
 
 
 def make_input(config, input_kind: str, tokenizer, split: str = "train", *, process_index: int = 0,
-               process_count: int = 1, cache_dir: Optional[str] = None):
+               process_count: int = 1, workdir: str = ""):
   """This process's rows of each global batch of `config.train.batch_size` rows.
 
   A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
-  do not depend on the process count; its packing index is cached in `cache_dir` (default: a
-  per-user temporary folder). Streaming text: data.per_host='shard' (default) has each process
+  do not depend on the process count; its packing index is cached in WORKDIR/data_index (a local
+  temporary folder for a gs:// workdir, or without one). Streaming text: data.per_host='shard' (default) has each process
   read its own disjoint part of the corpus (scales to any corpus and host count); 'slice' has each
   read the whole stream and keep its rows, so the global batches are identical for any process
   count (small corpora, reproducibility tests).
@@ -44,20 +44,20 @@ def make_input(config, input_kind: str, tokenizer, split: str = "train", *, proc
     raise DataError(f"input kind {input_kind!r}: expected one of {sorted(INPUT_KINDS)}")
   local = config.train.batch_size // process_count
   task = INPUT_KINDS[input_kind]
-  if task is not None:
-    from mlm_jax.data.store import pairs
-    return pairs.PairPipeline(config.data, task, local, config.seed, process_index, process_count, split,
-                              cache_dir=cache_dir)
-  from mlm_jax.data.store import loader as store_pipeline
-  if store_pipeline.is_store(config.data):
-    return store_pipeline.StorePipeline(config.data, local, config.seed, process_index, process_count, split,
-                                        cache_dir=cache_dir)
-  from mlm_jax.data.text import stream as text_pipeline
+  if task is not None or specs.is_store(config.data):
+    from mlm_jax.data.store import index as store_index, loader, pairs   # only here: a text run never imports the store package
+    cache_dir = store_index.cache_dir_for(workdir) if workdir else None
+    if task is not None:
+      return pairs.PairPipeline(config.data, task, local, config.seed, process_index, process_count, split,
+                                cache_dir=cache_dir)
+    return loader.StorePipeline(config.data, local, config.seed, process_index, process_count, split,
+                                cache_dir=cache_dir)
+  from mlm_jax.data.text import stream
   if config.data.per_host == "slice":
-    whole = text_pipeline.Pipeline(config.data, tokenizer, config.train.batch_size, seed=config.seed, split=split)
+    whole = stream.Pipeline(config.data, tokenizer, config.train.batch_size, seed=config.seed, split=split)
     return RowSlice(whole, process_index * local, local)
-  return text_pipeline.Pipeline(config.data, tokenizer, local, seed=config.seed, process_index=process_index,
-                                process_count=process_count, split=split)
+  return stream.Pipeline(config.data, tokenizer, local, seed=config.seed, process_index=process_index,
+                         process_count=process_count, split=split)
 
 
 class RowSlice:
@@ -79,4 +79,31 @@ class RowSlice:
     return self.pipeline.get_state()
 
   def set_state(self, state):
+    self.pipeline.set_state(state)
+
+
+class LoopInput:
+  """A batch iterator as the training loop's Input: the stream is sequential, so `step` only names
+  the batch; the iterator's state is the position saved with each checkpoint."""
+
+  def __init__(self, pipeline):
+    self.pipeline = pipeline
+
+  def batch(self, step: int) -> dict:
+    return next(self.pipeline)
+
+  def metrics(self) -> dict:
+    """A token store's per-source epochs, tokens and current weight (global), its mixing phase and
+    alpha under a curriculum, and a pair stream's counts, for the log line."""
+    stats = self.pipeline.stats() if hasattr(self.pipeline, "stats") else {}
+    out = {f"data/{name}/{k}": float(s[k]) for name, s in stats.get("sources", {}).items()
+           for k in ("epochs", "tokens", "weight") if k in s}
+    out.update({f"data/{k}": float(v) for k, v in stats.items() if k in ("mix_alpha", "phase")})
+    out.update({f"data/{k}": float(v) for k, v in stats.get("pairs", {}).items()})
+    return out
+
+  def get_state(self) -> dict:
+    return self.pipeline.get_state()
+
+  def set_state(self, state: dict) -> None:
     self.pipeline.set_state(state)

@@ -122,3 +122,12 @@ def of_source(owner: str) -> str:
 
 def first_line(s) -> str:
   return str(s).strip().splitlines()[0] if str(s).strip() else ""
+
+
+def is_store(data_config) -> bool:
+  """Whether data.sources are token stores (`store:DIR`); they cannot be mixed with text sources."""
+  kinds = [split_named(s)[1].startswith("store:") for s in data_config.sources]
+  if any(kinds) and not all(kinds):
+    raise DataError(f"data.sources mixes token stores and text sources {list(data_config.sources)}:"
+                    " prepare the text sources into a store too")
+  return bool(kinds) and all(kinds)

@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import ml_collections
 
-from mlm_jax.workdir import files as workdir_lib
-from mlm_jax.convert import folders as cio
+from mlm_jax.workdir import restore
+from mlm_jax.workdir import files as workdir_files
+from mlm_jax.convert import folders
 from mlm_jax.errors import UserError
-from mlm_jax.data.tokenizers import base as tok_lib
+from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.objectives import registry
 
 # Accepted in text for any layout, besides the tokenizer's own mask piece ("[MASK]" for BERT).
@@ -33,23 +34,23 @@ MASK_STRING = "<mask>"
 @dataclasses.dataclass
 class MaskedLM:
   model: object                      # mlm_jax.model.encoder.Encoder holding the parameters
-  tokenizer: tok_lib.Tokenizer
+  tokenizer: tokenizer_base.Tokenizer
   model_config: ml_collections.ConfigDict
   source: str                        # what was loaded, for messages
 
 
 def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
   """The run's masked LM: the tower its objective names (ELECTRA: the generator), from the latest or `step`."""
-  config = workdir_lib.read_config(workdir)
+  config = workdir_files.read_config(workdir)
   objective = registry.for_config(config)
   path, mcfg = objective.masked_lm(config)
-  tok = workdir_lib.load_tokenizer(workdir_lib.tokenizer_path(workdir, config), mcfg.vocab_size)
+  tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), mcfg.vocab_size)
   if not path:
     _refuse_discriminator(mcfg, workdir)
-    graphdef, params, step = workdir_lib.restore_model(workdir, mcfg, step)
+    graphdef, params, step = restore.restore_model(workdir, mcfg, step)
     from flax import nnx
     return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
-  module, step = workdir_lib.restore_objective_model(workdir, config, step)
+  module, step = restore.restore_objective_model(workdir, config, step)
   for name in path.split("."):
     module = getattr(module, name)
   return MaskedLM(module, tok, mcfg, f"{workdir} ({objective.__name__} {path}, step {step})")
@@ -64,29 +65,29 @@ def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
 def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   """An HF folder run by our model; its tokenizer is the folder's (`tokenizer.load`), or `tokenizer`."""
   from flax import nnx
-  hcfg = cio.read_hf_config(hf_dir)
-  mcfg = cio.model_config(hcfg)
+  hcfg = folders.read_hf_config(hf_dir)
+  mcfg = folders.model_config(hcfg)
   _refuse_discriminator(mcfg, hf_dir)
   if tokenizer:
-    tok = workdir_lib.load_tokenizer(tokenizer, mcfg.vocab_size)
+    tok = workdir_files.load_tokenizer(tokenizer, mcfg.vocab_size)
   else:
-    tok = cio.folder_tokenizer(hf_dir)
+    tok = folders.folder_tokenizer(hf_dir)
     if tok is None:
-      raise cio.ConversionError(f"{hf_dir}: missing tokenizer (no {cio.hf_tokenizer.SPM_FILE}, "
+      raise folders.ConversionError(f"{hf_dir}: missing tokenizer (no {folders.hf_tokenizer.SPM_FILE}, "
                                 "sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json); "
                                 "pass --tokenizer=PATH")
     if tok.vocab_size != mcfg.vocab_size:
-      raise cio.ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} "
+      raise folders.ConversionError(f"vocab size mismatch: {hf_dir}/config.json has vocab_size={mcfg.vocab_size} "
                                 f"but its tokenizer has {tok.vocab_size} pieces")
-  sd, _ = cio.read_hf_weights(hf_dir)
-  graphdef, params, fresh_head = cio.params_from_state_dict(sd, mcfg, hcfg["model_type"])
+  sd, _ = folders.read_hf_weights(hf_dir)
+  graphdef, params, fresh_head = folders.params_from_state_dict(sd, mcfg, hcfg["model_type"])
   if fresh_head:
-    raise cio.ConversionError(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
+    raise folders.ConversionError(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
                               "one; continue pretraining from it first (--config.init_from)")
   return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
 
 
-def encode_with_masks(tok: tok_lib.Tokenizer, text: str) -> tuple[list[int], list[int]]:
+def encode_with_masks(tok: tokenizer_base.Tokenizer, text: str) -> tuple[list[int], list[int]]:
   """(ids with BOS/EOS, indices of the mask tokens); raises ValueError when the text has no mask."""
   strings = sorted({MASK_STRING, tok.mask_token}, key=len, reverse=True)
   parts = re.split("|".join(re.escape(s) for s in strings), text)

@@ -21,7 +21,10 @@ import dataclasses
 import time
 from typing import Callable
 
+import jax
 import numpy as np
+
+from mlm_jax.model import sharding
 
 HiddenFn = Callable[[dict], np.ndarray]   # a batch of task arrays -> [rows, seq, hidden] last-layer vectors
 
@@ -131,19 +134,19 @@ def from_task_config(name: str, task_cfg, tok, seq_len: int, type_vocab_size: in
 
 
 def from_suite(names, tok, seq_len: int, type_vocab_size: int, max_train: int, max_eval: int) -> list[ProbeTask]:
-  """Probe samples of downstream suite tasks by name (mlm_jax/finetuning/suite.py), read with their fast
+  """Probe samples of downstream suite tasks by name (mlm_jax/tasks/catalogue.py), read with their fast
   fine-tuning configs and scored by the suite's metric, at most `seq_len` tokens a row."""
   from mlm_jax.errors import ConfigError
-  from mlm_jax.finetuning import suite
+  from mlm_jax.tasks import catalogue
   out = []
   for name in names:
-    if name not in suite.BY_NAME:
-      raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of {', '.join(suite.BY_NAME)})")
-    task = suite.BY_NAME[name]
-    cfg = suite.load_config(task, "fast", suite.data_dir())
+    if name not in catalogue.BY_NAME:
+      raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of {', '.join(catalogue.BY_NAME)})")
+    task = catalogue.BY_NAME[name]
+    cfg = catalogue.load_config(task, "fast", catalogue.data_dir())
     if cfg.task.kind not in DEFAULT_METRIC:
       raise ConfigError(f"train.probe_tasks: {name!r} is a {cfg.task.kind} task; a linear probe needs sentence "
-                        f"or token classification ({', '.join(n for n in suite.BY_NAME if n != name)}...)")
+                        f"or token classification ({', '.join(n for n in catalogue.BY_NAME if n != name)}...)")
     out.append(from_task_config(name, cfg.task, tok, min(int(cfg.seq_len), seq_len), type_vocab_size,
                                 max_train, max_eval, metric=task.metric))
   return out
@@ -165,3 +168,34 @@ class Probes:
     out["probe/token_cosine"] = float(np.nanmean(cosines))
     out["probe/seconds"] = time.perf_counter() - t0
     return out
+
+
+class Probe:
+  """The training loop's probe: the objective's encoder run without dropout on fixed samples of
+  `train.probe_tasks`, replicated on every device (a probe batch is small), linear classifiers fit
+  on the host. Its task samples are read at start, so a bad task name fails before training."""
+
+  ROWS = 64   # a probe forward pass's batch: one compiled shape for every probe
+
+  def __init__(self, trainer, tok):
+    from flax import nnx
+    config = trainer.config
+    path, model_cfg = trainer.objective.encoder(config)
+    t = config.train
+    self.probes = Probes(from_suite(t.probe_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size,
+                                    t.probe_train_examples, t.probe_eval_examples), self.ROWS)
+    self.replicated = sharding.replicated(trainer.mesh)
+
+    def hidden(params, batch):
+      model = nnx.merge(trainer.graphdef, params)
+      encoder = getattr(model, path) if path else model
+      return encoder(batch["input_ids"], batch["segment_ids"], batch["positions"], batch["token_type_ids"])
+
+    self.hidden = jax.jit(hidden, out_shardings=self.replicated)
+
+  def __call__(self, params, step: int) -> dict:
+    def last_layer(batch):
+      keys = ("input_ids", "segment_ids", "positions", "token_type_ids")
+      placed = {k: jax.make_array_from_process_local_data(self.replicated, batch[k]) for k in keys}
+      return np.asarray(self.hidden(params, placed).addressable_data(0))
+    return self.probes(last_layer)

@@ -43,13 +43,6 @@ def flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, num_slots: int
   return 6 * layer_params(cfg) + attention + head + project
 
 
-def training_flops_per_token(config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
-  """What one pretraining step costs per input token: `config.objective`'s count (MLM: flops_per_token
-  with the head on the slots; ELECTRA adds its generator and sampling)."""
-  from mlm_jax.objectives import registry
-  return registry.for_config(config).flops_per_token(config, seq_len, num_slots)
-
-
 def dense_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int) -> float:
   return flops_per_token(cfg, seq_len, None)
 

@@ -118,9 +118,3 @@ def global_batch(local: dict, batch_sh: NamedSharding) -> dict:
   """This process's rows -> global jax.Arrays on the mesh (rows of all processes, in process order)."""
   return {k: jax.make_array_from_process_local_data(batch_sh, np.asarray(v)) for k, v in local.items()}
 
-
-def sync_processes(name: str) -> None:
-  """Barrier across processes (a no-op with one process)."""
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices(name)

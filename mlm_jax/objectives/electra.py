@@ -20,9 +20,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from mlm_jax.model import flops, encoder as model_lib
+from mlm_jax.model import flops, encoder
 from mlm_jax.objectives import masking
-from mlm_jax.config import curricula as schedules
+from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError, ConversionError
 from mlm_jax.objectives import sparse_loss
 from mlm_jax.objectives.electra_model import (ElectraPair, corrupt, discriminator_config, generator_config,
@@ -67,7 +67,7 @@ class Electra(MLM):
     if config.electra.disc_weight < 0:
       raise ConfigError(f"electra.disc_weight={config.electra.disc_weight}: expected >= 0")
     generator_config(config)
-    model_lib.embedding_size(config.model)
+    encoder.embedding_size(config.model)
     if config.model.position_offset != 0:   # found at export otherwise, after the training
       raise ConfigError(f"model.position_offset={config.model.position_offset}: transformers' ELECTRA numbers "
                         "positions from 0; pass --config.model.position_offset=0, or start from "
@@ -102,10 +102,10 @@ class Electra(MLM):
   @classmethod
   def to_hf(cls, workdir: str, out: str, step, arch):
     """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM)."""
-    from mlm_jax.convert import electra_towers as electra_convert
-    if arch not in (None, electra_convert.ARCH):
+    from mlm_jax.convert import electra_towers
+    if arch not in (None, electra_towers.ARCH):
       raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
-    return electra_convert.to_hf(workdir, out, step)
+    return electra_towers.to_hf(workdir, out, step)
 
   # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
@@ -115,7 +115,7 @@ class Electra(MLM):
   def prepare(self, batch, key, step=None):
     """MLM's masking (at the scheduled mask rate for `step`) plus per-example sampling seeds."""
     mask_key, sample_key = jax.random.split(key)
-    rate = schedules.mask_rate(self.masking, step, traced=True) if step is not None else None
+    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
     out = masking.mask_batch(batch, mask_key, self.masking, self.vocab_size, rate=rate)
     rows = jnp.arange(batch["input_ids"].shape[0])
     out["original_ids"] = batch["input_ids"]

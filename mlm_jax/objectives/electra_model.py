@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from mlm_jax.model import encoder as model_lib
+from mlm_jax.model import encoder
 from mlm_jax.errors import ConfigError
 
 
@@ -38,7 +38,7 @@ def generator_config(config: ml_collections.ConfigDict) -> ml_collections.Config
   width, heads and FFN, and its depth), the same embedding size and an MLM head."""
   m, e = config.model, config.electra
   cfg = ml_collections.ConfigDict(m.to_dict())
-  cfg.embedding_size = model_lib.embedding_size(m)
+  cfg.embedding_size = encoder.embedding_size(m)
   cfg.hidden_size = int(e.generator_hidden_size or m.hidden_size // 4)
   cfg.num_heads = int(e.generator_num_heads or max(1, m.num_heads // 4))
   cfg.intermediate_size = int(e.generator_intermediate_size or m.intermediate_size // 4)
@@ -57,13 +57,13 @@ class RTDHead(nnx.Module):
   def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
     h, std = cfg.hidden_size, cfg.initializer_range
     kd, ko = jax.random.split(key)
-    self.dense_kernel = model_lib._param(kd, (h, h), ("embed", None), "normal", std, param_dtype)
-    self.dense_bias = model_lib._param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
-    self.out_kernel = model_lib._param(ko, (h,), ("norm",), "normal", std, param_dtype)
-    self.out_bias = model_lib._param(None, (), (), "zeros", 0.0, param_dtype)
+    self.dense_kernel = encoder._param(kd, (h, h), ("embed", None), "normal", std, param_dtype)
+    self.dense_bias = encoder._param(None, (h,), ("norm",), "zeros", 0.0, param_dtype)
+    self.out_kernel = encoder._param(ko, (h,), ("norm",), "normal", std, param_dtype)
+    self.out_bias = encoder._param(None, (), (), "zeros", 0.0, param_dtype)
 
   def __call__(self, hidden, dtype):
-    y = model_lib.gelu(hidden @ self.dense_kernel[...].astype(dtype) + self.dense_bias[...].astype(dtype))
+    y = encoder.gelu(hidden @ self.dense_kernel[...].astype(dtype) + self.dense_bias[...].astype(dtype))
     z = jnp.einsum("...h,h->...", y, self.out_kernel[...].astype(dtype), preferred_element_type=jnp.float32)
     return z + self.out_bias[...].astype(jnp.float32)
 
@@ -73,8 +73,8 @@ class ElectraPair(nnx.Module):
 
   def __init__(self, config: ml_collections.ConfigDict, *, seed: int = 0):
     d_cfg = discriminator_config(config)
-    self.discriminator = model_lib.Encoder(d_cfg, seed=seed)
-    self.generator = model_lib.Encoder(generator_config(config), seed=seed + 7919,
+    self.discriminator = encoder.Encoder(d_cfg, seed=seed)
+    self.generator = encoder.Encoder(generator_config(config), seed=seed + 7919,
                                        shared_embeddings=self.discriminator,
                                        share_embedding_norm=bool(config.electra.get("share_embedding_norm", False)))
     self.rtd_head = RTDHead(d_cfg, jax.random.fold_in(jax.random.key(seed), 0x47D), jnp.dtype(d_cfg.param_dtype))
@@ -88,7 +88,7 @@ def abstract_pair(config: ml_collections.ConfigDict):
 def sample_slots(logits, seeds):
   """Gumbel-max samples [B, P] from float32 logits [B, P, V]; `seeds` [B, 2] uint32 key data per example."""
   b, p, v = logits.shape
-  bits = jax.vmap(lambda k: model_lib.dropout_bits(jax.random.wrap_key_data(k), (p, v)))(seeds)
+  bits = jax.vmap(lambda k: encoder.dropout_bits(jax.random.wrap_key_data(k), (p, v)))(seeds)
   u = ((bits >> 8).astype(jnp.float32) + 0.5) * (1.0 / (1 << 24))   # uniform in (0, 1)
   return jnp.argmax(logits - jnp.log(-jnp.log(u)), axis=-1).astype(jnp.int32)
 

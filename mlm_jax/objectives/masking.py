@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax.config import choices, curricula as schedules
+from mlm_jax.config import choices, curricula
 from mlm_jax.errors import ConfigError
 
 MODES = choices.CHOICES["masking.mode"]
@@ -48,7 +48,7 @@ def max_predictions(cfg: ml_collections.ConfigDict, seq_len: int, platform: str 
   if cfg.max_predictions > 0:
     return min(int(cfg.max_predictions), seq_len)
   multiple = SLOT_MULTIPLE.get(platform, 8)
-  rate = schedules.max_mask_rate(cfg)
+  rate = curricula.max_mask_rate(cfg)
   return min(seq_len, multiple * math.ceil(math.ceil(rate * seq_len) / multiple))
 
 
@@ -58,7 +58,7 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   if not 0.0 < cfg.mask_rate < 1.0:
     raise ConfigError(f"masking.mask_rate={cfg.mask_rate}: expected a fraction in (0, 1)")
   choices.check("masking.mask_rate_schedule_mode", cfg.get("mask_rate_schedule_mode", "constant"))
-  _, rates = schedules.mask_rate_phases(cfg)
+  _, rates = curricula.mask_rate_phases(cfg)
   if rates.size and not ((rates > 0) & (rates < 1)).all():
     raise ConfigError(f"masking.mask_rate_schedule={tuple(cfg.mask_rate_schedule)}: expected rates in (0, 1)")
   if cfg.mask_token_prob < 0 or cfg.random_token_prob < 0 or cfg.mask_token_prob + cfg.random_token_prob > 1:

@@ -10,7 +10,7 @@ import ml_collections
 
 from mlm_jax.model import flops
 from mlm_jax.objectives import masking
-from mlm_jax.config import curricula as schedules
+from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError
 from mlm_jax.model.encoder import Encoder
 from mlm_jax.objectives import sparse_loss
@@ -68,13 +68,13 @@ class MLM:
 
   def prepare(self, batch, key, step=None):
     """Masks at masking.mask_rate, or at the schedule's rate for `step` (traced; None at eval)."""
-    rate = schedules.mask_rate(self.masking, step, traced=True) if step is not None else None
+    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
     return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate)
 
   def schedule_values(self, step: int) -> dict:
     if not self.masking.get("mask_rate_schedule", ()):
       return {}
-    return dict(mask_rate=float(schedules.mask_rate(self.masking, step)))
+    return dict(mask_rate=float(curricula.mask_rate(self.masking, step)))
 
   @staticmethod
   def hidden_and_sums(model, batch, dropout_key, activation_sharding=None):

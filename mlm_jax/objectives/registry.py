@@ -1,7 +1,5 @@
-"""The objectives `config.objective` may name: name -> "module:attr" of the objective class.
-
-A leaf (it imports no mlm_jax module; the objectives are imported when asked for), because
-choices.py reads the names here and the objectives import the model, which imports choices.
+"""The objectives `config.objective` may name: name -> "module:attr" of the objective class, and the
+one check of a name. Objectives are imported when asked for.
 
 Adding an objective to the package is one line below. One defined elsewhere needs none:
 `--config.objective=my_package.my_module:MyObjective` names it directly, and config.json keeps that

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
 import gzip
 import hashlib
 import io
@@ -31,7 +30,7 @@ import re
 from typing import Sequence
 
 from mlm_jax.config import choices
-from mlm_jax import errors
+from mlm_jax import errors, paths
 
 
 # "# key = value" lines of CoNLL-U; a '#' token line ("#\tO") is data.
@@ -61,11 +60,7 @@ def expand(patterns: Sequence[str]) -> list[str]:
   """Globs -> sorted paths; a pattern matching nothing is an error naming it."""
   out = []
   for pattern in patterns:
-    if "://" in pattern:
-      import tensorflow as tf
-      found = sorted(tf.io.gfile.glob(pattern))
-    else:
-      found = sorted(glob.glob(os.path.expanduser(pattern)))
+    found = paths.glob(pattern)
     if not found:
       raise DataError(f"{pattern}: no such file")
     out += found
@@ -73,13 +68,7 @@ def expand(patterns: Sequence[str]) -> list[str]:
 
 
 def read_text(path: str) -> str:
-  if "://" in path:
-    import tensorflow as tf
-    with tf.io.gfile.GFile(path, "rb") as f:
-      raw = f.read()
-  else:
-    with open(path, "rb") as f:
-      raw = f.read()
+  raw = paths.read_bytes(path)
   if path.endswith(".gz"):
     raw = gzip.decompress(raw)
   return raw.decode("utf-8-sig", errors="replace")

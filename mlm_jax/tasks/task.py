@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ml_collections
 
-from mlm_jax.tasks import metrics as metrics_tasks
+from mlm_jax.tasks import metrics as task_metrics
 from mlm_jax.data.tokenizers.base import Tokenizer
 from mlm_jax.tasks import features, qa, readers
 
@@ -57,17 +57,17 @@ class Task:
     ex = self.eval_examples
     if self.kind == "classification":
       gold = [str(e.label) for e in ex]
-      return dict(accuracy=metrics_tasks.accuracy(gold, pred), macro_f1=metrics_tasks.macro_f1(gold, pred)), pred
+      return dict(accuracy=task_metrics.accuracy(gold, pred), macro_f1=task_metrics.macro_f1(gold, pred)), pred
     if self.kind == "regression":
       gold = np.asarray([float(e.label) for e in ex])
       p = np.asarray(pred)
       pearson = float(np.corrcoef(gold, p)[0, 1]) if len(gold) > 1 and p.std() > 0 and gold.std() > 0 else 0.0
       return dict(mse=float(np.mean((gold - p) ** 2)), pearson=pearson), pred
     if self.kind == "token":
-      r = metrics_tasks.conlleval([e.tags for e in ex], pred)
+      r = task_metrics.conlleval([e.tags for e in ex], pred)
       return dict(f1=r["f1"], precision=r["precision"], recall=r["recall"], token_accuracy=r["accuracy"]), pred
     gold = {e.id: [a["text"] for a in e.answers] for e in ex if e.answers}
-    return metrics_tasks.squad(gold, pred), pred
+    return task_metrics.squad(gold, pred), pred
 
   def write_predictions(self, pred, path: str) -> None:
     import tensorflow as tf

@@ -129,11 +129,12 @@ def parse_oom(message: str) -> tuple[str, int, int] | None:
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict:
   """Compile the train step for `topology`; a JSON-ready report (see the module docstring)."""
-  from mlm_jax.model import flops, sharding
+  from mlm_jax.model import sharding
   from mlm_jax.objectives import masking
-  from mlm_jax.training import resolve, trainer as step
+  from mlm_jax.training import resolve, trainer as trainer_lib
 
-  config, notes = resolve.resolve_for_compile(config)
+  run = resolve.resolve_for_compile(config)
+  config, notes = run.config, list(run.notes)
   devices = topology_devices(topology)
   kind, per_chip, hbm, peak = chip_spec(devices)
   try:
@@ -150,7 +151,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
     notes.append("optimizer.grad_accum_steps > 1: XLA's cost analysis does not count every iteration of "
                  "the microbatch loop, so its FLOPs, optimal time and the MFU bound are too low")
   slots = masking.max_predictions(config.masking, s, "tpu")
-  model_flops = flops.training_flops_per_token(config, s, slots) * b * s
+  model_flops = run.objective.flops_per_token(config, s, slots) * b * s
   report = dict(
       topology=topology, device_kind=kind, devices=n, devices_per_chip=per_chip,
       mesh=dict(mesh.shape), batch_size=b, seq_len=s, batch_per_device=b // shards, prediction_slots=slots,
@@ -160,7 +161,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict
       model_flops_per_device=model_flops / n, notes=notes)
 
   t0 = time.perf_counter()
-  trainer = step.make_trainer(config, mesh)
+  trainer = trainer_lib.make_trainer(config, mesh, run.objective(config))
   state, batch, key = abstract_inputs(trainer, config)
   report["state_bytes"] = state_bytes_per_device(state)
   lowered = trainer.train_step.lower(state, batch, key)

@@ -32,26 +32,10 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from mlm_jax.workdir import checkpoints as ckpt_lib
-from mlm_jax.model import flops, sharding
 from mlm_jax.errors import ConfigError, UserError
+from mlm_jax.model import flops, sharding
+from mlm_jax.workdir import checkpoints, files as workdir_files
 from mlm_jax.workdir.metrics_log import MetricsWriter
-
-
-def make_workdir(workdir: str) -> str:
-  """The absolute workdir (local, or gs:// and the like), created if missing."""
-  import tensorflow as tf
-  workdir = workdir if "://" in workdir else os.path.abspath(workdir)
-  tf.io.gfile.makedirs(workdir)
-  return workdir
-
-
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """WORKDIR/config.json: the resolved config, written once by process 0 before the first step."""
-  import tensorflow as tf
-  if jax.process_index() == 0:
-    with tf.io.gfile.GFile(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 class Input(Protocol):
@@ -72,7 +56,7 @@ class _Best:
 
   def __init__(self, workdir: str, metric: str):
     self.metric, self.value, self.step = metric, None, None
-    self.checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "best"), keep=1)
+    self.checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "best"), keep=1)
 
   def update(self, state, step: int, metrics: dict) -> None:
     value = metrics.get(self.metric)
@@ -110,10 +94,10 @@ class Loop:
   def run(self) -> dict:
     """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
     t = self.train_config
-    checkpointer = ckpt_lib.Checkpointer(self.workdir, keep=t.keep_checkpoints)
+    checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
     self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
-    write_config(self.trainer.config, self.workdir)
+    workdir_files.write_config(self.trainer.config, self.workdir)
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = _Preemption(t.sigterm_timeout_s, checkpointer)
@@ -131,11 +115,11 @@ class Loop:
     self.preempted = watch.preempted
     return last
 
-  def _start(self, checkpointer: ckpt_lib.Checkpointer):
+  def _start(self, checkpointer: checkpoints.Checkpointer):
     latest = checkpointer.latest_step()
     if latest is None:
       return self.init_state()
-    abstract = ckpt_lib.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
+    abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     state, saved = checkpointer.restore(latest, abstract)
     self.input.set_state(saved)
     if self._best is not None:
@@ -198,7 +182,7 @@ class Loop:
     return last
 
   def _save(self, checkpointer, state, metrics, step: int) -> None:
-    if float(jax.device_get(metrics["finite"])) and ckpt_lib.all_finite(state.params):
+    if float(jax.device_get(metrics["finite"])) and checkpoints.all_finite(state.params):
       checkpointer.save(step, state, self._saved_state())
     elif self.train_config.nonfinite == "stop":
       raise UserError(f"the loss or parameters are not finite at step {step}: refusing to write a "
@@ -288,7 +272,7 @@ class _Preemption:
   checkpoint already being written completes, so nothing newer than the last complete step is saved.
   """
 
-  def __init__(self, timeout_s: float, checkpointer: ckpt_lib.Checkpointer):
+  def __init__(self, timeout_s: float, checkpointer: checkpoints.Checkpointer):
     self.preempted, self.phase, self.timeout_s = False, "start", float(timeout_s)
     self._checkpointer, self._done = checkpointer, threading.Event()
     self._installed = threading.current_thread() is threading.main_thread()

@@ -1,26 +1,40 @@
 """The one resolution step: a loaded config + the workdir (+ the tokenizer, the init_from folder) ->
-the final, validated, frozen config that the run uses and writes as WORKDIR/config.json.
+`Resolved`: the final, checked, frozen config that the run uses and writes as WORKDIR/config.json,
+its tokenizer and its objective (looked up once, here; everything after receives it).
 
-Everything a run derives is derived here and nowhere else: `{workdir}` in paths, the vocabulary
-size and masking ids from the tokenizer, a fine-tuning model from its source folder, warmup steps
-from a warmup fraction. Then every choice is checked (choices.py) with the cross-field rules below,
-and the config is frozen, so nothing edits it afterwards.
+Everything a run derives is derived here: `{workdir}` in paths, the vocabulary size and masking
+ids from the tokenizer, a fine-tuning model from its source folder, warmup steps from a fraction,
+the platform's attention kernel and prediction slots. What must exist on disk first (the demo
+corpus, a trained tokenizer, a converted init_from folder) is provision.py's.
 """
 from __future__ import annotations
 
-import json
-import os
+import dataclasses
+from typing import Any
 
 import jax
 import ml_collections
 from absl import logging
 
-from mlm_jax.model import attention, sharding
-from mlm_jax.config import choices
-from mlm_jax.objectives import masking
-from mlm_jax.workdir import files as workdir_lib
+from mlm_jax import paths
+from mlm_jax.config import choices, curricula
+from mlm_jax.data import specs
+from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import ConfigError
-from mlm_jax.objectives import registry
+from mlm_jax.model import attention
+from mlm_jax.objectives import masking, registry
+from mlm_jax.training import provision
+from mlm_jax.workdir import files as workdir_files, restore
+
+PRETRAINING, FINETUNING = "pretraining", "finetuning"   # config.kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+  config: ml_collections.FrozenConfigDict
+  tokenizer: Any                  # data/tokenizers' Tokenizer; None when compiling without one
+  objective: type | None          # the pretraining objective's class; None for fine-tuning (its head is the task's)
+  notes: tuple = ()               # what was assumed (resolve_for_compile)
 
 
 def freeze(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
@@ -32,8 +46,22 @@ def _copy(config) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(config.to_dict())
 
 
-def check(config: ml_collections.ConfigDict) -> None:
-  """Every choice, then the rules that tie fields together; one ConfigError naming the key(s)."""
+def seq_len_of(config) -> tuple[str, int]:
+  """(the key, its value) of a config's sequence length: data.seq_len, or a fine-tuning config's seq_len."""
+  return ("data.seq_len", config.data.seq_len) if config.kind == PRETRAINING else ("seq_len", config.seq_len)
+
+
+def check_positions(model_cfg, seq_len: int, where: str) -> None:
+  """A learned-position model reads at most max_position_embeddings - position_offset tokens."""
+  limit = model_cfg.max_position_embeddings - model_cfg.position_offset
+  if model_cfg.positions == "learned" and seq_len > limit:
+    raise ConfigError(f"{where}={seq_len}: the model has positions for {limit} tokens "
+                      f"(model.max_position_embeddings={model_cfg.max_position_embeddings})")
+
+
+def check(config: ml_collections.ConfigDict, objective: type | None = None) -> None:
+  """Every choice, then the rules that tie fields together; one ConfigError naming the key(s).
+  `objective`: a pretraining config's, whose own rules are checked too."""
   choices.check_config(config)
   t = config.train
   n = jax.process_count()
@@ -43,45 +71,36 @@ def check(config: ml_collections.ConfigDict) -> None:
   accum = int(config.optimizer.grad_accum_steps)
   if accum < 1 or t.batch_size % accum:
     raise ConfigError(f"optimizer.grad_accum_steps={accum} must be >= 1 and divide train.batch_size={t.batch_size}")
-  if "masking" in config:
+  if config.kind == PRETRAINING:
     masking.check_config(config.masking, config.model.vocab_size)
-  if "data" in config:
-    _check_curricula(config)
-  if "masking" in config:   # a pretraining config: its objective's own rules
-    registry.for_config(config).check(config)
-  m = config.model
-  seq_len = config.data.seq_len if "data" in config else config.seq_len
-  limit = m.max_position_embeddings - m.position_offset
-  if m.positions == "learned" and seq_len > limit:
-    where = "data.seq_len" if "data" in config else "seq_len"
-    raise ConfigError(f"{where}={seq_len}: the model has positions for {limit} tokens "
-                      f"(model.max_position_embeddings={m.max_position_embeddings})")
+    check_input(config, objective)
+    objective.check(config)
+  where, seq_len = seq_len_of(config)
+  check_positions(config.model, seq_len, where)
 
 
-def _check_curricula(config: ml_collections.ConfigDict) -> None:
+def check_input(config: ml_collections.ConfigDict, objective: type) -> None:
   """Data schedules and sentence objectives read a token store: one line saying what to run otherwise."""
-  from mlm_jax.config import curricula as schedules
-  from mlm_jax.data.store import loader as store_pipeline
-  schedules.data_phases(config.data)   # parses (one ConfigError per bad entry)
-  store = bool(config.data.sources) and store_pipeline.is_store(config.data)
-  pairs = "masking" in config and registry.for_config(config).input_kind != "rows"   # sentence pairs
-  what = ("data.mix_alpha_schedule / data.source_start_steps" if schedules.has_data_schedule(config.data)
+  curricula.data_phases(config.data)   # parses (one ConfigError per bad entry)
+  store = bool(config.data.sources) and specs.is_store(config.data)
+  pairs = objective.input_kind != "rows"   # sentence pairs
+  what = ("data.mix_alpha_schedule / data.source_start_steps" if curricula.has_data_schedule(config.data)
           else f"objective={config.objective!r}" if pairs else "")
   if what and not store:
     raise ConfigError(f"{what} needs token-store sources (data.sources=('store:DIR',)): prepare the corpus "
                       "once with tools/prepare_data.py --doc_format=blank_line, then train from store:DIR")
 
 
-def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
+def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: type | None = None) -> str:
   """What depends on the platform the step runs on ('cpu', 'gpu', 'tpu': the mesh's, which for the
   AOT tool is not the host's): the attention implementation (`auto` -> splash / cudnn / xla) and the
   number of prediction slots, written into the config so the jitted step uses them as they are.
   Returns why that implementation (also logged)."""
-  seq_len = config.data.seq_len if "data" in config else config.seq_len
-  packed = "data" in config and config.data.packing == "segmented"   # rows that hold several documents
+  _, seq_len = seq_len_of(config)
+  packed = config.kind == PRETRAINING and config.data.packing == "segmented"   # rows that hold several documents
   requested = config.model.attention_impl or "auto"
   config.model.attention_impl, why = attention.resolve_impl(config.model, platform, seq_len, packed_documents=packed)
-  towers = registry.for_config(config).towers(config) if "masking" in config else {}
+  towers = objective.towers(config) if objective is not None else {}
   for name, tower in towers.items():   # other towers of the step run the same kernel with their own sizes
     tower.attention_impl = config.model.attention_impl
     try:
@@ -91,7 +110,7 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str) -> str:
         raise ConfigError(f"{e} (in {name})") from None
       config.model.attention_impl, why = "xla", f"xla, since {name} cannot use it: {e}"
   logging.info("attention: %s", why)
-  if "masking" in config:
+  if objective is not None:
     config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
   return why
 
@@ -109,75 +128,65 @@ def _substitute_workdir(config: ml_collections.ConfigDict, workdir: str) -> None
 
 def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
   """`data.tokenizer`, the one a token store carries, or one trained into WORKDIR/tokenizer (once)."""
-  from mlm_jax import runtime
-  from mlm_jax.data.store import loader as store_pipeline
-  from mlm_jax.data.tokenizers import load as tok_lib
-  from mlm_jax.data.tokenizers import spm_training as tok_train
-  if not config.data.tokenizer:
-    config.data.tokenizer = store_pipeline.store_tokenizer_path(config.data)
+  if not config.data.tokenizer and config.data.sources and specs.is_store(config.data):
+    from mlm_jax.data.store import loader   # token stores only: a text run never imports the store package
+    config.data.tokenizer = loader.store_tokenizer_path(config.data)
   path = config.data.tokenizer
   if not path:
-    path = os.path.join(workdir, "tokenizer", "spm.model")
-    if not os.path.exists(path) and jax.process_index() == 0:
-      t = config.tokenizer
-      logging.info("training a %d-piece %s tokenizer on %s", t.vocab_size, t.model_type, config.data.sources)
-      tok_train.train(list(config.data.sources), path[:-len(".model")], vocab_size=t.vocab_size, layout=t.layout,
-                      model_type=t.model_type, alpha=t.alpha, input_sentence_size=t.input_sentence_size,
-                      seed=config.seed, log=logging.info, spm_log="" if runtime.quiet() else None)
-    sharding.sync_processes("tokenizer")
-  elif not os.path.exists(path) and "://" not in path:
+    path = provision.trained_tokenizer(config, workdir)
+  elif paths.missing(path):
     raise ConfigError(f"data.tokenizer={path!r}: no such file or folder (expected a sentencepiece .model, a "
                       "vocab.txt, a tokenizer.json or a folder holding one)")
-  return tok_lib.load(path)
+  return tokenizer_load.load(path)
+
+
+def bind_masking_ids(masking_cfg: ml_collections.ConfigDict, tok) -> None:
+  """The mask id and the ids masking never selects or samples, from the tokenizer."""
+  masking_cfg.mask_id = tok.mask_id
+  masking_cfg.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
 
 
 def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
   """Model vocabulary and masking ids come from the tokenizer; a mismatch is an error."""
   if config.model.vocab_size <= 0:
     config.model.vocab_size = tok.vocab_size
-  config.masking.mask_id = tok.mask_id
-  config.masking.special_ids = tuple(int(i) for i in tok.special_ids if i != tok.mask_id)
+  bind_masking_ids(config.masking, tok)
   if config.model.vocab_size != tok.vocab_size:
     raise ConfigError(f"model.vocab_size={config.model.vocab_size} does not match the tokenizer "
                       f"{tok.model_path} ({tok.vocab_size} pieces)")
 
 
-def bind_objective(config: ml_collections.ConfigDict) -> None:
-  """What the objective implies (NSP / SOP: BERT's pooler and a 2-way sentence head on it)."""
-  registry.for_config(config).bind(config)
-
-
-def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None):
-  """(frozen config, tokenizer) for `mlm_jax.train`; writes the demo corpus / trains the tokenizer once.
+def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> Resolved:
+  """For `mlm_jax.train`; writes the demo corpus / trains the tokenizer once.
 
   `overrides`: the command line's `--config.*` values (see bind_init_from).
   """
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
+  objective = registry.load(config.objective)
   _substitute_workdir(config, workdir)
   if config.init_from:
     bind_init_from(config, workdir, overrides)
-  registry.for_config(config).check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
+  objective.check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
   if config.demo_corpus:
-    from mlm_jax.data import demo_corpus
-    if jax.process_index() == 0:
-      demo_corpus.write(os.path.join(workdir, "demo_corpus"))
-    sharding.sync_processes("demo_corpus")
+    provision.write_demo_corpus(workdir)
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
-  bind_objective(config)
-  bind_platform(config, jax.default_backend())
-  check(config)
-  return freeze(config), tok
+  objective.bind(config)
+  bind_platform(config, jax.default_backend(), objective)
+  check(config, objective)
+  return Resolved(freeze(config), tok, objective)
 
 
-def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"):
-  """(frozen config, notes) for compiling the step for `platform` without a tokenizer (the AOT tool).
+def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu") -> Resolved:
+  """For compiling the step for `platform` without a tokenizer (the AOT tool, the benchmark); `notes`
+  say what was assumed.
 
   The ids only pick which tokens masking may touch, so they change neither the memory nor the
   FLOPs of the step; the vocabulary size does, and must be given.
   """
   config, notes = _copy(config), []
+  objective = registry.load(config.objective)
   v = config.model.vocab_size
   if v <= 0:
     raise ConfigError("model.vocab_size=0 means 'from the tokenizer' at train time; pass --config.model.vocab_size=N")
@@ -187,11 +196,11 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
   if not config.masking.special_ids:
     config.masking.special_ids = (0, 1, 2, 3)
     notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
-  bind_objective(config)
-  bind_platform(config, platform)
+  objective.bind(config)
+  bind_platform(config, platform, objective)
   notes.append(f"attention: {config.model.attention_impl}")
-  check(config)
-  return freeze(config), notes
+  check(config, objective)
+  return Resolved(freeze(config), None, objective, tuple(notes))
 
 
 # ------------------------------------------------------------------------------------------
@@ -201,31 +210,6 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
 # Every other model field is the source's.
 RUN_MODEL_FIELDS = ("dtype", "param_dtype", "hidden_dropout", "attention_dropout", "remat", "attention_impl",
                     "scan_layers")
-
-
-def init_source(init_from: str, workdir: str) -> str:
-  """The folder holding config.json + checkpoints; a transformers folder is converted into WORKDIR/init_model once."""
-  from mlm_jax.convert import folders as cio
-  if not init_from:
-    raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
-  path = os.path.join(init_from, "config.json")
-  if not os.path.exists(path):
-    raise ConfigError(f"init_from={init_from!r}: no config.json (expected a pretraining workdir, a from_hf "
-                      "folder or a transformers model folder)")
-  with open(path, encoding="utf-8") as f:
-    raw = json.load(f)
-  if "model_type" not in raw:
-    return init_from
-  out = os.path.join(workdir, "init_model")   # a transformers folder: convert it once, with the converter
-  if not os.path.exists(os.path.join(out, "config.json")):
-    if jax.process_index() == 0:
-      summary = cio.from_hf(init_from, out, overwrite=True)
-      logging.info("converted %s (%s) into %s", init_from, summary["arch"], out)
-      if summary["fresh_head"]:
-        logging.warning("%s has no MLM head (a base or sentence-transformers model): the head is freshly "
-                        "initialized", init_from)
-    sharding.sync_processes("from_hf")
-  return out
 
 
 def _same(a, b) -> bool:
@@ -243,8 +227,8 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
   """
   overrides = overrides or {}
   given = config.init_from
-  source = init_source(given, workdir)
-  src = workdir_lib.read_config(source)
+  source = provision.init_source(given, workdir)
+  src = workdir_files.read_config(source)
   if "model" not in src:
     raise ConfigError(f"init_from={given!r}: its config.json has no model section")
   taken = []
@@ -259,11 +243,10 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
       taken.append(key)
     config.model[key] = value
   config.init_from = source
-  tok = workdir_lib.tokenizer_path(source, src)
-  if os.path.exists(tok) or "://" in tok:
-    from mlm_jax.data.tokenizers import load as tok_lib
+  tok = workdir_files.tokenizer_path(source, src)
+  if not paths.missing(tok):
     wanted = overrides.get("data.tokenizer")   # the same tokenizer (a copy, its folder) is no contradiction
-    if wanted and tok_lib.sha256_of(wanted) != tok_lib.sha256_of(tok):
+    if wanted and tokenizer_load.sha256_of(wanted) != tokenizer_load.sha256_of(tok):
       raise ConfigError(f"--config.data.tokenizer={wanted} contradicts init_from={given} (its tokenizer is {tok})")
     config.data.tokenizer = tok
   logging.info("init_from %s: model (%d fields differ from the config file's) and tokenizer %s from %s",
@@ -273,8 +256,8 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
 # ------------------------------------------------------------------------------------------
 # Fine-tuning
 # ------------------------------------------------------------------------------------------
-def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None):
-  """(frozen config with a `model` section, tokenizer) for `mlm_jax.finetune`.
+def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> Resolved:
+  """For `mlm_jax.finetune`: a config with the source's `model` section, and its tokenizer.
 
   The model is the source's (on top of today's defaults) with the fine-tuning dropout overrides;
   the tokenizer is the source's unless `tokenizer` is set; `init_from` becomes the source folder.
@@ -282,25 +265,25 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   from mlm_jax.config.defaults import model_defaults
   config = _copy(config)
   choices.check_config(config)
-  source = init_source(init_from or config.init_from, workdir)
-  source_cfg = workdir_lib.read_config(source)
+  source = provision.init_source(init_from or config.init_from, workdir)
+  source_cfg = workdir_files.read_config(source)
   model = model_defaults()
-  model.update(workdir_lib.encoder_of(source_cfg)[1].to_dict())   # ELECTRA: the discriminator
+  model.update(restore.encoder_of(source_cfg)[1].to_dict())   # ELECTRA: the discriminator
   if config.hidden_dropout >= 0:
     model.hidden_dropout = config.hidden_dropout
   if config.attention_dropout >= 0:
     model.attention_dropout = config.attention_dropout
   config.model = model
   config.init_from = source
-  path = config.tokenizer or workdir_lib.tokenizer_path(source, source_cfg)
-  if not os.path.exists(path) and "://" not in path:
+  path = config.tokenizer or workdir_files.tokenizer_path(source, source_cfg)
+  if paths.missing(path):
     raise ConfigError(f"{source}: no tokenizer at {path}; pass --config.tokenizer=PATH (a transformers folder "
                       "needs its spm.model, sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json)")
   config.tokenizer = path
-  tok = workdir_lib.load_tokenizer(path, model.vocab_size)
+  tok = workdir_files.load_tokenizer(path, model.vocab_size)
   o = config.optimizer
   if not o.warmup_steps:
     o.warmup_steps = int(round(o.get("warmup_fraction", 0.0) * config.train.steps))
   bind_platform(config, jax.default_backend())
   check(config)
-  return freeze(config), tok
+  return Resolved(freeze(config), tok, None)

@@ -20,7 +20,6 @@ import ml_collections
 
 from mlm_jax.training import optim
 from mlm_jax.model import sharding
-from mlm_jax.objectives import registry
 from mlm_jax.objectives.interface import Objective
 
 
@@ -75,13 +74,10 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
 
-def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
-                 objective: Objective | None = None, make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
-  """Init, shardings and the jitted steps for a model and an objective (default: `config.objective`'s,
-  from objectives/registry.py, and the model it makes; fine-tuning passes its task head and model)."""
-  mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh)
-  if objective is None:
-    objective = registry.for_config(config)(config)
+def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, objective: Objective, *,
+                 make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
+  """Init, shardings and the jitted steps for an objective (an instance: `Resolved.objective(config)`,
+  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model)."""
   make_model = make_model or (lambda: objective.make_model(config))
   accum = int(config.optimizer.grad_accum_steps)
   total_steps = int(config.train.steps)
@@ -138,3 +134,22 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   return Trainer(config=config, mesh=mesh, graphdef=graphdef, tx=tx, schedule=schedule,
                  state_sharding=state_sh, batch_sharding=batch_sh, init=init, train_step=train_jit,
                  eval_step=eval_jit, objective=objective)
+
+
+def fresh_or_init_from(trainer: Trainer) -> Callable[[], TrainState]:
+  """The loop's state for a run without a checkpoint: initialized, with the parameters of the
+  `init_from` source's encoder when the config names one (the optimizer and data start fresh)."""
+  from absl import logging
+  from mlm_jax.workdir import checkpoints, restore
+  config = trainer.config
+
+  def init_state() -> TrainState:
+    state = trainer.init()
+    if config.init_from:
+      abstract = checkpoints.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
+      params = restore.restore_params_for(config.init_from, config.model, abstract.params, fresh=state.params)
+      state = state.replace(params=params)
+      logging.info("initialized parameters from %s", config.init_from)
+    return state
+
+  return init_state

@@ -22,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from mlm_jax import paths
 from mlm_jax.errors import CheckpointError
 from mlm_jax.model.tree_paths import path_name
 
@@ -68,7 +69,7 @@ class Checkpointer:
   """Save / restore TrainState + data-iterator state; `keep` most recent checkpoints are kept."""
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
-    self.directory = os.path.join(os.path.abspath(workdir) if "://" not in workdir else workdir, "checkpoints")
+    self.directory = os.path.join(paths.absolute(workdir), "checkpoints")
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
@@ -145,8 +146,8 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   as `abstract_params` (ELECTRA's `discriminator`); the rest of `params` then comes along too.
   `optional`: top-level parameters the checkpoint may lack; they are then absent from the result.
   """
-  directory = os.path.join(workdir if "://" in workdir else os.path.abspath(workdir), "checkpoints")
-  if "://" not in directory and not os.path.isdir(directory):
+  directory = os.path.join(paths.absolute(workdir), "checkpoints")
+  if paths.missing(directory):
     raise CheckpointError(f"{directory}: missing (no checkpoint was saved in {workdir})")
   options = ocp.CheckpointManagerOptions(create=False, read_only=True)
   manager = ocp.CheckpointManager(directory, options=options, item_handlers=_handlers())

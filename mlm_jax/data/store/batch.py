@@ -24,7 +24,7 @@ import weakref
 
 import numpy as np
 
-from mlm_jax.data.store import shards as store_lib
+from mlm_jax.data.store import shards
 from mlm_jax.data.store import index as store_index
 from mlm_jax.errors import DataError
 
@@ -106,7 +106,7 @@ def assembler_from_spec(spec: dict) -> Assembler:
   """An Assembler from what crosses the pipe: store roots and index folders, not arrays."""
   stores, parts = {}, []
   for root, name, split, index_dir in spec["parts"]:
-    store = stores.get(root) or stores.setdefault(root, store_lib.Store(root))
+    store = stores.get(root) or stores.setdefault(root, shards.Store(root))
     parts.append(Part(store, name, split, store_index.load(index_dir), index_dir))
   return Assembler(parts, **spec["args"])
 

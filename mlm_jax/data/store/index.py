@@ -27,6 +27,8 @@ import tempfile
 
 import numpy as np
 
+from mlm_jax import paths
+
 INDEX_VERSION = 1   # of the cache folder's format (the files below)
 # The packing's version (index_version), in the index cache key and in the data state: 1 = next-fit
 # (unchanged since the first stores, so caches and states saved before best-fit existed still
@@ -140,7 +142,7 @@ def cache_dir_for(workdir: str) -> str:
   """WORKDIR/data_index for a local workdir. A gs:// workdir gets a local folder instead: the index
   is memory-mapped, which needs a local file, and being a pure function of (store, config) it can
   be built by each host on its own."""
-  return default_cache_dir() if "://" in workdir else os.path.join(workdir, "data_index")
+  return default_cache_dir() if paths.is_remote(workdir) else os.path.join(workdir, "data_index")
 
 
 def index_folder(cache_dir: str, key: dict) -> str:

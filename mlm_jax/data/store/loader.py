@@ -3,7 +3,6 @@
   StorePipeline(data_config, batch_size_local, seed, process_index, process_count, split,
                 cache_dir=None) iterates the same batch dicts as the streaming path's Pipeline
                 (text/pipeline.py); data/input.py chooses between them.
-  is_store(data_config) -> whether data.sources are token stores (they cannot mix with text).
   store_tokenizer_path(data_config) -> the .model inside the store ('' for streaming sources).
 
 Source specs: `store:DIR` (every source of the store, named as in its manifest),
@@ -35,10 +34,10 @@ from typing import Optional
 
 import numpy as np
 
-from mlm_jax.config import curricula as schedules
-from mlm_jax.data.specs import mixing_weights, split_named
+from mlm_jax.config import curricula
+from mlm_jax.data.specs import is_store, mixing_weights, split_named
 from mlm_jax.data.store import batch as store_batch
-from mlm_jax.data.store import shards as store_lib
+from mlm_jax.data.store import shards
 from mlm_jax.data.store import index as store_index
 from mlm_jax.errors import DataError
 
@@ -52,21 +51,12 @@ _KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes", "mi
                "source_start_steps")
 
 
-def is_store(data_config) -> bool:
-  specs = [split_named(s)[1] for s in data_config.sources]
-  stores = [s.startswith("store:") for s in specs]
-  if any(stores) and not all(stores):
-    raise DataError(f"data.sources mixes token stores and text sources {list(data_config.sources)}:"
-                    " prepare the text sources into a store too")
-  return bool(stores) and all(stores)
-
-
 def store_tokenizer_path(data_config) -> str:
   """The tokenizer of the (first) store in data.sources; '' when sources are not stores."""
   if not data_config.sources or not is_store(data_config):
     return ""
-  root, _ = store_lib.parse_store_spec(split_named(data_config.sources[0])[1])
-  return store_lib.Store(root).tokenizer_path
+  root, _ = shards.parse_store_spec(split_named(data_config.sources[0])[1])
+  return shards.Store(root).tokenizer_path
 
 
 class _Stream:
@@ -179,15 +169,15 @@ class StorePipeline:
 
   def _open(self, c, seed, cache_dir):
     if c.tokenizer:
-      want = {store_lib.Store(store_lib.parse_store_spec(split_named(e)[1])[0]).root
+      want = {shards.Store(shards.parse_store_spec(split_named(e)[1])[0]).root
               for e in c.sources}
       for root in sorted(want):
-        store_lib.Store(root).check_tokenizer(c.tokenizer)
+        shards.Store(root).check_tokenizer(c.tokenizer)
     streams, stores, labels = [], {}, set()
     for entry in c.sources:
       label, spec = split_named(entry)
-      root, names = store_lib.parse_store_spec(spec)
-      store = stores.get(root) or stores.setdefault(root, store_lib.Store(root))
+      root, names = shards.parse_store_spec(spec)
+      store = stores.get(root) or stores.setdefault(root, shards.Store(root))
       names = names or sorted(store.sources)
       for name in names:
         store.source(name)
@@ -216,12 +206,12 @@ class StorePipeline:
     if unknown:
       raise DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
     sizes = [float(given.get(s.label, s.tokens)) for s in self.streams]
-    starts = schedules.source_starts(c)
+    starts = curricula.source_starts(c)
     unknown = set(starts) - set(labels)
     if unknown:
       raise DataError(f"data.source_start_steps names unknown sources {sorted(unknown)}; the sources "
                       f"are {labels}")
-    bounds, phases = schedules.data_phases(c)
+    bounds, phases = curricula.data_phases(c)
     global_batch = self.batch_size * self.process_count
     self._phase_steps, self._phase_rows = bounds, bounds * global_batch
     self.phase_alpha, self.phase_weights, self.phase_quotas, self._patterns = [], [], [], []
@@ -341,7 +331,7 @@ class StorePipeline:
                index_version=store_index.index_version(self.packing, self.fit), packing_fit=self.fit)
     if self.fit == "best":
       key["packing_window"] = self.window
-    if self.split == "train" and schedules.has_data_schedule(c):
+    if self.split == "train" and curricula.has_data_schedule(c):
       key["global_batch"] = self.batch_size * self.process_count   # phases are in steps
     return key
 

@@ -32,12 +32,13 @@ import hashlib
 
 import numpy as np
 
+from mlm_jax.data import specs
 from mlm_jax.data.store import index as store_index
-from mlm_jax.data.store import loader as store_pipeline
+from mlm_jax.data.store import loader
 from mlm_jax.errors import DataError
 
 TASKS = ("nsp", "sop")
-FEATURES = store_pipeline.FEATURES + ("token_type_ids", "sentence_labels")
+FEATURES = loader.FEATURES + ("token_type_ids", "sentence_labels")
 INDEX_VERSION = 2
 _ARRAYS = ("chunk_doc", "chunk_first", "chunk_end", "chunk_tokens", "doc_sentences", "counts")
 _READ = 2048   # documents per read while building the index
@@ -145,7 +146,7 @@ def make_pair(kind: str, doc, first: int, end: int, u: np.ndarray, budget: int, 
   return a[0][ka], a[1][ka], b[0][kb], b[1][kb], label
 
 
-class _PairStream(store_pipeline._Stream):
+class _PairStream(loader._Stream):
   """One source of one store as chunks (rows) for pairs; its epoch permutation is _Stream's."""
 
   def __init__(self, label, store, name, split, seq_len, layout, seed, salt, cache_dir):
@@ -168,7 +169,7 @@ class _PairStream(store_pipeline._Stream):
     self.tokens_per_row = float(kept.mean()) + specials(layout) if self.rows else 0.0
 
 
-class PairPipeline(store_pipeline.StorePipeline):
+class PairPipeline(loader.StorePipeline):
   """Batches of sentence pairs from token stores: the store pipeline's row addressing, mixing,
   curricula and O(1) state, with one pair per row instead of packed documents."""
 
@@ -177,7 +178,7 @@ class PairPipeline(store_pipeline.StorePipeline):
     """`task`: 'nsp' or 'sop', the pair task the caller's objective trains (its input kind)."""
     if task not in TASKS:
       raise DataError(f"sentence pair task {task!r}: expected one of {TASKS}")
-    if not store_pipeline.is_store(data_config):
+    if not specs.is_store(data_config):
       raise DataError(f"{task.upper()} sentence pairs are read from a token store: prepare the corpus "
                       "with tools/prepare_data.py --doc_format=blank_line and set data.sources=('store:DIR',)")
     self.kind = task

@@ -29,10 +29,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from array_record.python import array_record_module as ar
 
+from mlm_jax import paths
 from mlm_jax.data.specs import list_files, parse_named
-from mlm_jax.data.store import shards as store_lib
+from mlm_jax.data.store import shards
 from mlm_jax.data.store import text_reader
-from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import DataError
 
@@ -53,7 +54,7 @@ class Options:
   strict: bool = False
 
   def key(self, tokenizer_sha256: str, family: str = "") -> dict:
-    key = dict(format_version=store_lib.FORMAT_VERSION, sources=list(self.sources),
+    key = dict(format_version=shards.FORMAT_VERSION, sources=list(self.sources),
                tokenizer_sha256=tokenizer_sha256, doc_format=self.doc_format,
                eval_percent=self.eval_percent, max_line_bytes=self.max_line_bytes,
                tfds_units=TFDS_UNITS)
@@ -92,10 +93,7 @@ def plan(opts: Options) -> list:
 
 
 def _size(path):
-  try:
-    return max(1, os.path.getsize(path)) if "://" not in path else 1
-  except OSError:
-    return 1
+  return paths.local_size(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -104,12 +102,12 @@ def _size(path):
 class _Encoder:
   """Tokenizer-derived constants of a worker, and the held-out hash."""
 
-  def __init__(self, tok: tokenizer_lib.Tokenizer, eval_percent: float):
+  def __init__(self, tok: tokenizer_base.Tokenizer, eval_percent: float):
     self.tok = tok
     self.table = np.asarray(tok.word_start_table(), np.int32)
     after = tok.after_space_table()
     self.after_space = None if after is None else np.asarray(after, np.int32)
-    self.dtype = store_lib.id_dtype(tok.vocab_size)
+    self.dtype = shards.id_dtype(tok.vocab_size)
     self.eval_buckets = int(round(eval_percent * 100))
     # Byte-level BPE marks a word after a space ('Ġ'), and the streaming path joins a document's
     # lines with spaces: a later line is encoded as ' ' + line so that both paths give the same ids.
@@ -143,7 +141,7 @@ class _Encoder:
     ends = np.cumsum([len(p) for p in parts])
     ws[0] = 1
     ws[ends[:-1][ends[:-1] < toks.size]] = 1   # each line starts a word (RoBERTa's first has no 'Ġ')
-    return store_lib.encode_doc(toks, ws, ends, self.dtype), int(toks.size)
+    return shards.encode_doc(toks, ws, ends, self.dtype), int(toks.size)
 
 
 def _documents(unit: Unit, opts: Options, counters):
@@ -185,12 +183,12 @@ def _write_atomic(path: str, write: Callable[[str], None]) -> None:
 
 def run_unit(root: str, unit: Unit, opts: Options, enc: _Encoder, progress=None) -> dict:
   """Tokenizes one unit and writes its shards, lengths and done marker; returns the marker."""
-  stem = store_lib.unit_stem(root, unit.source, unit.index)
+  stem = shards.unit_stem(root, unit.source, unit.index)
   os.makedirs(os.path.dirname(stem), exist_ok=True)
   counters = text_reader.Counters(strict=opts.strict)
   lens = {"train": [], "eval": []}
-  tmp = {s: f"{stem}.{s}.arrayrecord.tmp-{os.getpid()}" for s in store_lib.SPLITS}
-  writers = {s: ar.ArrayRecordWriter(tmp[s], store_lib.WRITER_OPTIONS) for s in store_lib.SPLITS}
+  tmp = {s: f"{stem}.{s}.arrayrecord.tmp-{os.getpid()}" for s in shards.SPLITS}
+  writers = {s: ar.ArrayRecordWriter(tmp[s], shards.WRITER_OPTIONS) for s in shards.SPLITS}
   try:
     batch = []
     for item in _documents(unit, opts, counters):
@@ -203,13 +201,13 @@ def run_unit(root: str, unit: Unit, opts: Options, enc: _Encoder, progress=None)
     for w in writers.values():
       w.close()
   files = {}
-  for s in store_lib.SPLITS:
+  for s in shards.SPLITS:
     _fsync_replace(tmp[s], f"{stem}.{s}.arrayrecord")
   all_lens = np.asarray(lens["train"] + lens["eval"], np.int32)
   _write_atomic(stem + ".lens.npy", lambda t: _save_npy(t, all_lens))
-  for name in [f"{s}.arrayrecord" for s in store_lib.SPLITS] + ["lens.npy"]:
+  for name in [f"{s}.arrayrecord" for s in shards.SPLITS] + ["lens.npy"]:
     path = f"{stem}.{name}"
-    files[name] = dict(bytes=os.path.getsize(path), sha256=store_lib.sha256_file(path))
+    files[name] = dict(bytes=os.path.getsize(path), sha256=shards.sha256_file(path))
   marker = dict(unit=unit.index, input=unit.input, train_docs=len(lens["train"]),
                 eval_docs=len(lens["eval"]), train_tokens=int(sum(lens["train"])),
                 eval_tokens=int(sum(lens["eval"])), stats=dict(counters), files=files)
@@ -278,12 +276,12 @@ def _run_in_worker(args):
 
 
 def _done(root: str, unit: Unit) -> bool:
-  return os.path.exists(store_lib.unit_stem(root, unit.source, unit.index) + ".json")
+  return os.path.exists(shards.unit_stem(root, unit.source, unit.index) + ".json")
 
 
-def _pin_options(root: str, opts: Options, tok: tokenizer_lib.Tokenizer) -> str:
+def _pin_options(root: str, opts: Options, tok: tokenizer_base.Tokenizer) -> str:
   """Copies the tokenizer's files into the store and pins the options; returns the tokenizer sha256."""
-  tok_dir = os.path.join(root, store_lib.TOKENIZER_DIR)
+  tok_dir = os.path.join(root, shards.TOKENIZER_DIR)
   os.makedirs(tok_dir, exist_ok=True)
   for name, data in tok.files().items():
     path = os.path.join(tok_dir, name)
@@ -310,7 +308,7 @@ def prepare(opts: Options, root: str, *, num_workers: int = 1, task_index: int =
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
   if not 0 <= task_index < num_tasks:
     raise DataError(f"--task_index={task_index} not in [0, --num_tasks={num_tasks})")
-  store_lib.check_local(root)
+  shards.check_local(root)
   tok = tokenizer_load.load(opts.tokenizer)
   os.makedirs(root, exist_ok=True)
   sha = _pin_options(root, opts, tok)
@@ -367,7 +365,7 @@ def _run_units(root, opts, units, num_workers, progress_s, log):
 def write_manifest(root, opts, tok, sha, units) -> dict:
   sources = {}
   for u in units:
-    with open(store_lib.unit_stem(root, u.source, u.index) + ".json", encoding="utf-8") as f:
+    with open(shards.unit_stem(root, u.source, u.index) + ".json", encoding="utf-8") as f:
       marker = json.load(f)
     src = sources.setdefault(u.source, dict(documents=0, tokens=0, eval_documents=0,
                                             eval_tokens=0, shards=0, units=[],
@@ -376,24 +374,24 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
     src["tokens"] += marker["train_tokens"]
     src["eval_documents"] += marker["eval_docs"]
     src["eval_tokens"] += marker["eval_tokens"]
-    src["shards"] += len(store_lib.SPLITS)
+    src["shards"] += len(shards.SPLITS)
     for k, v in marker["stats"].items():
       src["stats"][k] += v
     src["units"].append(marker)
   for src in parse_named(opts.sources):
     if src.name in sources:
       sources[src.name]["spec"] = src.spec_str
-  tok_files = {n: store_lib.sha256_file(os.path.join(root, store_lib.TOKENIZER_DIR, n))
-               for n in sorted(os.listdir(os.path.join(root, store_lib.TOKENIZER_DIR)))
+  tok_files = {n: shards.sha256_file(os.path.join(root, shards.TOKENIZER_DIR, n))
+               for n in sorted(os.listdir(os.path.join(root, shards.TOKENIZER_DIR)))
                if ".tmp-" not in n}
   manifest = dict(
-      format_version=store_lib.FORMAT_VERSION, options=opts.key(sha, tok.family),
-      tokenizer=dict(model=f"{store_lib.TOKENIZER_DIR}/{tok.main_file}", sha256=sha, family=tok.family,
+      format_version=shards.FORMAT_VERSION, options=opts.key(sha, tok.family),
+      tokenizer=dict(model=f"{shards.TOKENIZER_DIR}/{tok.main_file}", sha256=sha, family=tok.family,
                      files=tok_files, vocab_size=tok.vocab_size, layout=tok.layout,
                      pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
-                     mask_id=tok.mask_id, id_dtype=store_lib.id_dtype(tok.vocab_size).name),
+                     mask_id=tok.mask_id, id_dtype=shards.id_dtype(tok.vocab_size).name),
       sources=sources)
-  path = os.path.join(root, store_lib.MANIFEST)
+  path = os.path.join(root, shards.MANIFEST)
   text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
   if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
     _write_atomic(path, lambda t: open(t, "w", encoding="utf-8").write(text))

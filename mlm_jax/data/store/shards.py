@@ -35,6 +35,7 @@ import struct
 import numpy as np
 from array_record.python import array_record_module as ar
 
+from mlm_jax import paths
 from mlm_jax.errors import DataError
 
 FORMAT_VERSION = 1
@@ -163,7 +164,7 @@ def parse_store_spec(spec: str):
 def check_local(root: str) -> None:
   """Stores are local (or mounted) directories: ArrayRecord's open-source reader and writer use
   file descriptors, so a gs:// path would not be read; say so instead of failing on a missing file."""
-  if "://" in root:
+  if paths.is_remote(root):
     raise DataError(f"token store {root}: a store must be a local or mounted directory (ArrayRecord "
                     "reads files by descriptor); copy it to local disk or mount the bucket (gcsfuse) "
                     "and give that path")
@@ -208,7 +209,7 @@ class Store:
     """A `data.tokenizer` given beside a store must be the store's own (same sha256)."""
     from mlm_jax.data.tokenizers import load as tokenizer_load
     want = self.manifest["tokenizer"]["sha256"]
-    if "://" not in model_path and not os.path.exists(model_path):
+    if paths.missing(model_path):
       raise DataError(f"cannot read data.tokenizer {model_path}: no such file or folder")
     got = tokenizer_load.sha256_of(model_path)
     if got != want:

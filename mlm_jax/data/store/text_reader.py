@@ -20,6 +20,7 @@ import logging
 import zlib
 from typing import Iterator
 
+from mlm_jax import paths
 from mlm_jax.data.specs import MAX_BLOCK_CHARS
 from mlm_jax.errors import DataError
 
@@ -45,10 +46,7 @@ class Counters(dict):
 
 def open_binary(path: str):
   """A binary file object for a local path or any tf.io.gfile path (gs://...)."""
-  if "://" in path:
-    import tensorflow as tf
-    return tf.io.gfile.GFile(path, "rb")
-  return open(path, "rb")
+  return paths.open_file(path, "rb")
 
 
 def _raw_lines(f, path: str, limit: int, counters: Counters) -> Iterator[tuple]:

@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from mlm_jax.data import best_fit
-from mlm_jax.data.text import sources as sources_lib
-from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.text import sources
+from mlm_jax.data.tokenizers import base as tokenizer_base
 
 FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
 
@@ -33,9 +33,9 @@ def _as_written(fn):
 class Packer:
   """Token streams -> fixed-length rows. Holds the tokenizer-derived constants."""
 
-  def __init__(self, tok: tokenizer_lib.Tokenizer, seq_len: int, stats, num_parallel_calls):
+  def __init__(self, tok: tokenizer_base.Tokenizer, seq_len: int, stats, num_parallel_calls):
     if seq_len < 4:
-      raise sources_lib.DataError(f"data.seq_len={seq_len}: need at least 4 (BOS, 2 tokens, EOS)")
+      raise sources.DataError(f"data.seq_len={seq_len}: need at least 4 (BOS, 2 tokens, EOS)")
     self.seq_len = seq_len
     self.bos, self.eos, self.pad = tok.bos_id, tok.eos_id, tok.pad_id
     self.word_start = tf.constant(np.asarray(tok.word_start_table(), np.int32))

@@ -4,7 +4,7 @@ Public interface:
 
   Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
            split='train')
-    data_config: `config.data` (see mlm_jax/config/data_defaults.py); tokenizer: a `Tokenizer` or a
+    data_config: `config.data` (see mlm_jax/config/defaults.py); tokenizer: a `Tokenizer` or a
     path `tokenizers.load.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
     shape [batch_size, seq_len]:
       input_ids    tokens; padding = tokenizer.pad_id
@@ -49,8 +49,8 @@ from mlm_jax.config import choices
 from mlm_jax.data import specs
 from mlm_jax.data.specs import mixing_weights
 from mlm_jax.data.text import packing
-from mlm_jax.data.text import sources as sources_lib
-from mlm_jax.data.tokenizers import base as tokenizer_lib
+from mlm_jax.data.text import sources
+from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.data.tokenizers import load as tokenizer_load
 
 FEATURES = packing.FEATURES
@@ -81,16 +81,16 @@ def _source_sizes(srcs, overrides: Sequence[str]) -> list:
     try:
       given[name] = float(value)
     except ValueError:
-      raise sources_lib.DataError(f"data.source_sizes entry {item!r}: expected name=number") from None
+      raise sources.DataError(f"data.source_sizes entry {item!r}: expected name=number") from None
   unknown = set(given) - {s.name for s in srcs}
   if unknown:
-    raise sources_lib.DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
+    raise sources.DataError(f"data.source_sizes names unknown sources {sorted(unknown)}")
   return [given[s.name] if s.name in given else s.size() for s in srcs]
 
 
-def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, seed: int,
+def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, seed: int,
                   process_index: int = 0, process_count: int = 1, split: str = "train",
-                  stats: Optional[sources_lib.Stats] = None, with_source: bool = False,
+                  stats: Optional[sources.Stats] = None, with_source: bool = False,
                   repeat: Optional[bool] = None, fit: Optional[str] = None) -> tf.data.Dataset:
   """The batched tf.data.Dataset behind `Pipeline` (no prefetch; options applied).
 
@@ -100,27 +100,27 @@ def build_dataset(data_config, tok: tokenizer_lib.Tokenizer, batch_size: int, se
   """
   c = data_config
   if split not in ("train", "eval"):
-    raise sources_lib.DataError(f"split={split!r}: expected 'train' or 'eval'")
+    raise sources.DataError(f"split={split!r}: expected 'train' or 'eval'")
   choices.check("data.packing", c.packing)
   fit = fit or packing_fit(c)
   choices.check("data.packing_fit", fit)
   window = int(c.get("packing_window", 256))
   if window < 1:
-    raise sources_lib.DataError(f"data.packing_window={window}: need at least 1 open row")
+    raise sources.DataError(f"data.packing_window={window}: need at least 1 open row")
   if batch_size < 1:
-    raise sources_lib.DataError(f"batch_size={batch_size}: must be >= 1 per host")
+    raise sources.DataError(f"batch_size={batch_size}: must be >= 1 per host")
   train = split == "train"
   repeat = train if repeat is None else repeat
   entries = tuple(c.sources) if train or not c.eval_sources else tuple(c.eval_sources)
   if not entries:
-    raise sources_lib.DataError(f"no data sources configured for split {split!r} "
+    raise sources.DataError(f"no data sources configured for split {split!r} "
                                 "(set config.data.sources)")
-  srcs = sources_lib.parse_sources(entries, c.tfds_data_dir)
+  srcs = sources.parse_sources(entries, c.tfds_data_dir)
   holdout = ""
   if not c.eval_sources and c.eval_percent > 0:
     holdout = split
   elif not train and not c.eval_sources:
-    raise sources_lib.DataError("eval split needs data.eval_sources or data.eval_percent > 0")
+    raise sources.DataError("eval split needs data.eval_sources or data.eval_percent > 0")
 
   if stats is None:  # long lines are cut (and strict applies) whether or not anyone counts
     stats = new_stats(c)
@@ -190,12 +190,12 @@ def packing_fit(data_config) -> str:
   return data_config.get("packing_fit", "next")
 
 
-def new_stats(data_config) -> sources_lib.Stats:
+def new_stats(data_config) -> sources.Stats:
   """Repair counters with the config's policy (`data.strict`, `data.max_line_bytes`)."""
   limit = data_config.get("max_line_bytes", 1 << 16)
   if limit < 1024:
-    raise sources_lib.DataError(f"data.max_line_bytes={limit}: need at least 1024")
-  return sources_lib.Stats(strict=data_config.get("strict", False), max_line_bytes=limit)
+    raise sources.DataError(f"data.max_line_bytes={limit}: need at least 1024")
+  return sources.Stats(strict=data_config.get("strict", False), max_line_bytes=limit)
 
 
 def thread_settings(data_config) -> dict:
@@ -232,7 +232,7 @@ def _input_error(message: str) -> str:
 class Pipeline:
   """Iterator of host-local batches with an exact, tiny resumable state. See module docstring."""
 
-  def __init__(self, data_config, tokenizer: Union[tokenizer_lib.Tokenizer, str],
+  def __init__(self, data_config, tokenizer: Union[tokenizer_base.Tokenizer, str],
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
                split: str = "train"):
     self.tokenizer = (tokenizer_load.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
@@ -291,7 +291,7 @@ class Pipeline:
     try:
       batch = next(self._iterator)
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
-      raise sources_lib.DataError(_input_error(e.message)) from None
+      raise sources.DataError(_input_error(e.message)) from None
     self._batches += 1
     return batch
 
@@ -323,7 +323,7 @@ class Pipeline:
     for key in ("seed", "split", "batch_size", "process_index", "process_count", "fingerprint"):
       if key in state and state[key] != mine[key]:
         what = "the data config" if key == "fingerprint" else key
-        raise sources_lib.DataError(
+        raise sources.DataError(
             f"cannot resume data iterator: {what} differs from the checkpoint "
             f"({state[key]!r} saved, {mine[key]!r} now), so the same batches cannot be replayed")
     self._batches = int(state["batches"])

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Callable, ClassVar, Sequence
 
 LAYOUTS = ("xlmr", "bert")
@@ -140,27 +139,3 @@ class Tokenizer:
     for name in sorted(files):
       h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
     return h.hexdigest()
-
-
-# Paths: local, or any tf.io.gfile path (gs://...), TensorFlow imported only for those.
-def isdir(path: str) -> bool:
-  if "://" in path:
-    import tensorflow as tf
-    return tf.io.gfile.isdir(path)
-  return os.path.isdir(path)
-
-
-def exists(path: str) -> bool:
-  if "://" in path:
-    import tensorflow as tf
-    return tf.io.gfile.exists(path)
-  return os.path.exists(path)
-
-
-def read_bytes(path: str) -> bytes:
-  if "://" in path:
-    import tensorflow as tf  # only for remote paths (gs://...)
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  with open(path, "rb") as f:
-    return f.read()

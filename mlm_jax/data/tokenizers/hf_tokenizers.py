@@ -36,7 +36,8 @@ import os
 
 import numpy as np
 
-from mlm_jax.data.tokenizers import base
+from mlm_jax import paths
+from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.errors import DataError
 
 MAIN_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
@@ -51,13 +52,13 @@ _NAMES = dict(cls=("[CLS]", "<s>"), sep=("[SEP]", "</s>"), pad=("[PAD]", "<pad>"
 def main_file_in(folder: str):
   """The file of `folder` that AutoTokenizer would read first, or None."""
   for name in MAIN_FILES:
-    if base.exists(os.path.join(folder, name)):
+    if paths.exists(os.path.join(folder, name)):
       return name
   return None
 
 
 @dataclasses.dataclass(frozen=True)
-class HFTokenizer(base.Tokenizer):
+class HFTokenizer(tokenizer_base.Tokenizer):
   """A `tokenizers.Tokenizer` (WordPiece or byte-level BPE) plus its special ids."""
   backend: object = dataclasses.field(default=None, repr=False, compare=False)
   source_files: tuple = dataclasses.field(default=(), repr=False, compare=False)  # ((name, bytes), ...)
@@ -167,7 +168,7 @@ class HFTokenizer(base.Tokenizer):
 
 def _read_json(path: str) -> dict:
   try:
-    return json.loads(base.read_bytes(path).decode("utf-8"))
+    return json.loads(paths.read_bytes(path).decode("utf-8"))
   except FileNotFoundError:
     return {}
   except ValueError:
@@ -188,14 +189,14 @@ def load(path: str) -> HFTokenizer:
     raise DataError(f"{path}: WordPiece / BPE tokenizers need the `tokenizers` package") from None
   folder, name = os.path.dirname(path), os.path.basename(path)
   try:
-    raw = base.read_bytes(path)
+    raw = paths.read_bytes(path)
   except OSError as e:
     raise DataError(f"cannot read tokenizer file {path}: {e.strerror or e.__class__.__name__}") from None
   files = {name: raw}
   for side in _SIDE_FILES.get(name, ()) + CONFIG_FILES:
     p = os.path.join(folder, side)
-    if base.exists(p):
-      files[side] = base.read_bytes(p)
+    if paths.exists(p):
+      files[side] = paths.read_bytes(p)
   config = {}
   for cfg_name in reversed(CONFIG_FILES):   # tokenizer_config.json wins over special_tokens_map.json
     if cfg_name in files:
@@ -285,7 +286,7 @@ def _wordpiece_from_vocab(path: str, config: dict):
   """A BERT tokenizer from vocab.txt, as transformers builds it from the same file and config."""
   from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
   vocab = {}
-  for i, line in enumerate(base.read_bytes(path).decode("utf-8").splitlines()):
+  for i, line in enumerate(paths.read_bytes(path).decode("utf-8").splitlines()):
     vocab.setdefault(line.rstrip("\n"), i)
   if not vocab:
     raise DataError(f"{path}: empty vocabulary")
@@ -304,7 +305,7 @@ def _bpe_from_vocab(folder: str, config: dict):
   """A byte-level BPE tokenizer from vocab.json + merges.txt (GPT-2 / RoBERTa files)."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers
   merges = os.path.join(folder, "merges.txt")
-  if not base.exists(merges):
+  if not paths.exists(merges):
     raise DataError(f"{folder}: vocab.json without merges.txt")
   try:
     t = Tokenizer(models.BPE.from_file(os.path.join(folder, "vocab.json"), merges))

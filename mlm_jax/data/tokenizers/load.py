@@ -10,34 +10,35 @@ from __future__ import annotations
 import hashlib
 import os
 
-from mlm_jax.data.tokenizers import base, hf_tokenizers as hf, spm
+from mlm_jax import paths
+from mlm_jax.data.tokenizers import base as tokenizer_base, hf_tokenizers, spm as tokenizer_spm
 from mlm_jax.errors import DataError
 
 
-def load(path: str) -> base.Tokenizer:
+def load(path: str) -> tokenizer_base.Tokenizer:
   """The tokenizer at `path`: a `.model`, `tokenizer.json`, `vocab.txt`, or a folder of one."""
   path = str(path)
-  if base.isdir(path):
-    for name in (spm.SPM_FILE, spm.FAIRSEQ_FILE):
-      if base.exists(os.path.join(path, name)):
-        return spm.load(os.path.join(path, name))
-    found = hf.main_file_in(path)
+  if paths.isdir(path):
+    for name in (tokenizer_spm.SPM_FILE, tokenizer_spm.FAIRSEQ_FILE):
+      if paths.exists(os.path.join(path, name)):
+        return tokenizer_spm.load(os.path.join(path, name))
+    found = hf_tokenizers.main_file_in(path)
     if found is None:
-      raise DataError(f"tokenizer folder {path} holds none of {spm.SPM_FILE}, "
-                      f"{spm.FAIRSEQ_FILE}, {', '.join(hf.MAIN_FILES)}")
-    return hf.load(os.path.join(path, found))
+      raise DataError(f"tokenizer folder {path} holds none of {tokenizer_spm.SPM_FILE}, "
+                      f"{tokenizer_spm.FAIRSEQ_FILE}, {', '.join(hf_tokenizers.MAIN_FILES)}")
+    return hf_tokenizers.load(os.path.join(path, found))
   name = os.path.basename(path)
   if name.endswith(".json") or name.endswith(".txt"):
-    return hf.load(path)
-  return spm.load(path)
+    return hf_tokenizers.load(path)
+  return tokenizer_spm.load(path)
 
 
 def sha256_of(path: str) -> str:
   """`load(path).sha256`, without loading a sentencepiece `.model` file (its bytes are its identity)."""
   name = os.path.basename(path)
-  if not base.isdir(path) and not (name.endswith(".json") or name.endswith(".txt")) and name != "sentencepiece.bpe.model":
+  if not paths.isdir(path) and not (name.endswith(".json") or name.endswith(".txt")) and name != "sentencepiece.bpe.model":
     try:
-      return hashlib.sha256(base.read_bytes(path)).hexdigest()
+      return hashlib.sha256(paths.read_bytes(path)).hexdigest()
     except OSError as e:
       raise DataError(f"cannot read tokenizer {path}: {e.strerror or e.__class__.__name__}") from None
   return load(path).sha256

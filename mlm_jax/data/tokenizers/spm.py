@@ -13,7 +13,8 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from mlm_jax.data.tokenizers import base
+from mlm_jax import paths
+from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.errors import DataError
 
 SPM_FILE = "spm.model"
@@ -22,7 +23,7 @@ _Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
 
 
 @dataclasses.dataclass(frozen=True)
-class SentencepieceTokenizer(base.Tokenizer):
+class SentencepieceTokenizer(tokenizer_base.Tokenizer):
   """A sentencepiece model plus its special ids."""
   processor: spm.SentencePieceProcessor = dataclasses.field(default=None, repr=False, compare=False)
   raw: bytes = dataclasses.field(default=b"", repr=False, compare=False)   # the file's bytes, as read
@@ -41,7 +42,7 @@ class SentencepieceTokenizer(base.Tokenizer):
     ids = dict(layout=self.layout, pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id,
                unk_id=self.unk_id, mask_id=self.mask_id)
     return {SPM_FILE: self.raw or self.model_proto,
-            base.special_ids_path(SPM_FILE): (json.dumps(ids, indent=1, sort_keys=True) + "\n").encode()}
+            tokenizer_base.special_ids_path(SPM_FILE): (json.dumps(ids, indent=1, sort_keys=True) + "\n").encode()}
 
   def encode_batch(self, texts) -> list:
     return self.processor.encode(list(texts))
@@ -101,7 +102,7 @@ class SentencepieceTokenizer(base.Tokenizer):
 def load(path: str) -> SentencepieceTokenizer:
   """Loads `<prefix>.model` (any path tf.io.gfile or open() reads) and its special ids."""
   try:
-    proto = base.read_bytes(path)
+    proto = paths.read_bytes(path)
   except Exception as e:  # noqa: BLE001 - one clear line whatever the filesystem raised
     raise DataError(f"cannot read tokenizer model {path}: {e.__class__.__name__}") from None
   if os.path.basename(path) == FAIRSEQ_FILE:
@@ -112,7 +113,7 @@ def load(path: str) -> SentencepieceTokenizer:
   except Exception:  # noqa: BLE001
     raise DataError(f"{path} is not a sentencepiece model") from None
   try:
-    ids = json.loads(base.read_bytes(base.special_ids_path(path)).decode("utf-8"))
+    ids = json.loads(paths.read_bytes(tokenizer_base.special_ids_path(path)).decode("utf-8"))
   except Exception:  # noqa: BLE001 - a model trained elsewhere: infer below
     ids = _infer_special_ids(processor, path)
   tok = SentencepieceTokenizer(model_path=path, layout=ids["layout"], vocab_size=processor.get_piece_size(),
@@ -127,7 +128,7 @@ def load(path: str) -> SentencepieceTokenizer:
 
 
 def _infer_special_ids(p: spm.SentencePieceProcessor, path: str) -> dict:
-  for layout, pieces in base.PIECES.items():
+  for layout, pieces in tokenizer_base.PIECES.items():
     mask = p.piece_to_id(pieces["mask"])
     if mask != p.unk_id() or pieces["mask"] == p.id_to_piece(p.unk_id()):
       return dict(layout=layout, pad_id=p.pad_id(), bos_id=p.bos_id(), eos_id=p.eos_id(),

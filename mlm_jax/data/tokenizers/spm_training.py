@@ -26,8 +26,8 @@ from sentencepiece import sentencepiece_model_pb2
 
 from mlm_jax.config import choices
 from mlm_jax import runtime
-from mlm_jax.data import specs as specs_lib
-from mlm_jax.data.tokenizers import base, load
+from mlm_jax.data import specs
+from mlm_jax.data.tokenizers import base as tokenizer_base, load as tokenizer_load
 from mlm_jax.errors import DataError
 
 # Lines longer than this (bytes) are cut before training: sentencepiece silently drops them.
@@ -45,16 +45,16 @@ def language_groups(inputs: Union[Sequence[str], Mapping[str, str]]) -> dict:
     return {k: [v] for k, v in inputs.items()}
   groups = {}
   for item in inputs:
-    name, spec = specs_lib.split_named(item)
+    name, spec = specs.split_named(item)
     if name:
       groups.setdefault(name, []).append(spec)
       continue
-    parsed = specs_lib.parse_spec(spec)
+    parsed = specs.parse_spec(spec)
     kind, pattern = parsed.kind, parsed.pattern
     if kind not in ("text", "tsv"):
       groups.setdefault(spec, []).append(spec)
       continue
-    for path in specs_lib.list_files(pattern, owner=spec):
+    for path in specs.list_files(pattern, owner=spec):
       groups.setdefault(_wildcard_key(pattern, path), []).append(
           spec.replace(pattern, _glob_escape(path)))
   return groups
@@ -87,7 +87,7 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
           num_threads: int = 0,
           verbose: bool = True,
           log: Optional[Callable[[str], None]] = None,
-          spm_log: Optional[str] = "") -> base.Tokenizer:
+          spm_log: Optional[str] = "") -> tokenizer_base.Tokenizer:
   """Trains a sentencepiece model with language-balanced sampling; returns it loaded.
 
   Args:
@@ -144,21 +144,21 @@ def _sample_languages(groups: dict, cap: int, rng, log) -> tuple:
   if not groups:
     raise DataError("no tokenizer training inputs given")
   counts, samples = {}, {}
-  for name, specs in sorted(groups.items()):
+  for name, group in sorted(groups.items()):
     t0 = time.time()
-    n, keep = _reservoir(specs, cap, rng)
+    n, keep = _reservoir(group, cap, rng)
     if n == 0:
-      raise DataError(f"tokenizer input {name!r} ({', '.join(specs)}) has no text lines")
+      raise DataError(f"tokenizer input {name!r} ({', '.join(group)}) has no text lines")
     counts[name], samples[name] = n, keep
     log(f"[tokenizer] read {name}: {n} lines ({len(keep)} kept) in {time.time() - t0:.1f}s")
   return counts, samples
 
 
-def _write_special_ids(model_path: str, ids: dict, vocab_size: int, log) -> base.Tokenizer:
+def _write_special_ids(model_path: str, ids: dict, vocab_size: int, log) -> tokenizer_base.Tokenizer:
   """Writes `<prefix>.special_ids.json` beside the model; returns the model loaded with them."""
-  with open(base.special_ids_path(model_path), "w", encoding="utf-8") as f:
+  with open(tokenizer_base.special_ids_path(model_path), "w", encoding="utf-8") as f:
     json.dump(ids, f, indent=1, sort_keys=True)
-  tok = load.load(model_path)
+  tok = tokenizer_load.load(model_path)
   assert tok.vocab_size == vocab_size, (tok.vocab_size, vocab_size)
   log(f"[tokenizer] wrote {model_path} (vocab {vocab_size}, layout {ids['layout']}, "
       f"specials {tok.special_ids})")
@@ -183,7 +183,7 @@ def _write_mixture(samples: dict, q: dict, budget: int, rng, log) -> str:
 def _add_layout_pieces(out_prefix: str, layout: str, vocab_size: int) -> dict:
   """Appends XLM-R's <mask> as the last piece (model and .vocab); returns the layout's special ids."""
   model_path = out_prefix + ".model"
-  pieces = base.PIECES[layout]
+  pieces = tokenizer_base.PIECES[layout]
   if layout == "xlmr":
     _append_control_piece(model_path, pieces["mask"])
     ids = dict(layout=layout, bos_id=0, pad_id=1, eos_id=2, unk_id=3, mask_id=vocab_size - 1)
@@ -194,12 +194,12 @@ def _add_layout_pieces(out_prefix: str, layout: str, vocab_size: int) -> dict:
   return ids
 
 
-def _reservoir(specs, cap, rng):
+def _reservoir(group, cap, rng):
   """(number of lines, uniform sample of at most `cap` of them) over all specs of a language."""
   from mlm_jax.data.text import sources  # TensorFlow, only when training
   n, keep = 0, []
-  for spec in specs:
-    ds = sources.text_lines(specs_lib.parse_spec(spec), owner=spec)
+  for spec in group:
+    ds = sources.text_lines(specs.parse_spec(spec), owner=spec)
     for raw in ds.as_numpy_iterator():
       line = raw.decode("utf-8").strip()
       if not line:
@@ -218,7 +218,7 @@ def _reservoir(specs, cap, rng):
 
 def _train_spm(input_path, out_prefix, vocab_size, layout, model_type, character_coverage,
                byte_fallback, num_threads, verbose, spm_log):
-  pieces = base.PIECES[layout]
+  pieces = tokenizer_base.PIECES[layout]
   if layout == "xlmr":
     special = dict(bos_id=0, pad_id=1, eos_id=2, unk_id=3, control_symbols=[])
     n_pieces = vocab_size - 1  # <mask> is appended last afterwards

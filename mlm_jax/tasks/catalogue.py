@@ -1,0 +1,107 @@
+"""The downstream suite's catalogue: every task in ../shared/data/downstream, which fine-tuning config
+holds its budget (configs/finetune/NAME.py, `:fast` for the fast budget), the metric it reports, and
+what it is scored on:
+
+* `dev=True`: the config's eval set is a dev split; the best checkpoint on it is scored on `test`.
+* `dev=False`: there is no dev split; the config's eval set is the reported test split (an official
+  test file, or a held-out part of the training file by group), evaluated at the last step only, so
+  the test split never chooses a checkpoint.
+* `crosslingual`: XTREME's zero-shot setting: the model fine-tuned on English is scored on the same
+  task in every other language the data has (one column per language). For parallel data without
+  a split (PUD by sent_id, XQuAD by article title) only the held-out groups are scored, so no
+  translation of a training example is ever a test example (mlm_jax.tasks.task.build_eval).
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import os
+import re
+
+from mlm_jax.errors import ConfigError, DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteTask:
+  name: str                 # the table's row and the folder under OUT
+  config: str               # configs/finetune/<config>.py
+  metric: str               # the reported eval metric (eval_<metric>)
+  folder: str               # its data folder under DATA/downstream
+  dev: bool = False         # the config's eval set is a dev split (see the module doc)
+  test: tuple = ()          # dev=True: the reported test files, relative to the folder
+  crosslingual: str = ""    # glob (relative to the folder) of the files of all languages
+  lang: str = ""            # regex whose group 1 is the language of a file's name
+  also: str = ""            # a second metric shown beside the first (QA: exact match)
+
+
+TASKS = (
+    SuiteTask("polarity", "sentiment", "accuracy", "sentiment_sentence_polarity"),
+    SuiteTask("movie_reviews", "movie_reviews", "accuracy", "sentiment_movie_reviews"),
+    SuiteTask("trec", "trec", "accuracy", "question_classification_trec"),
+    SuiteTask("sms_spam", "sms_spam", "macro_f1", "sms_spam"),   # 87% ham: macro-F1, not accuracy
+    SuiteTask("wnut17", "wnut17", "f1", "ner_wnut17", dev=True, test=("emerging.test.annotated.gz",)),
+    SuiteTask("uner", "ner", "f1", "ner_uner", crosslingual="*-test.iob2.gz", lang=r"([a-z]{2,3})_"),
+    SuiteTask("pos", "pos", "token_accuracy", "pos_ud_pud", crosslingual="*_pud-ud-test.conllu.gz",
+              lang=r"([a-z]{2,3})_"),
+    SuiteTask("xquad", "qa", "f1", "qa_xquad", crosslingual="xquad.*.json.gz", lang=r"xquad\.([a-z]{2,3})\.",
+              also="exact_match"),
+)
+BY_NAME = {t.name: t for t in TASKS}
+TRAIN_LANGUAGE = "en"
+
+
+def data_dir(path: str = "") -> str:
+  """The folder holding downstream/ (--data_dir, else $MLM_JAX_DATA, else ../shared/data)."""
+  root = path or os.environ.get("MLM_JAX_DATA") or os.path.join(os.path.dirname(__file__), "..", "..", "..",
+                                                                 "shared", "data")
+  if not os.path.isdir(os.path.join(root, "downstream")):
+    raise DataError(f"{os.path.join(root, 'downstream')}: no such folder (the downstream data sets; set "
+                    "MLM_JAX_DATA or --data_dir to the folder holding downstream/)")
+  return os.path.abspath(root)
+
+
+def select(names: str) -> list[SuiteTask]:
+  """--tasks=a,b (empty: all), in the suite's order; an unknown name is an error naming the choices."""
+  wanted = [n.strip() for n in names.split(",") if n.strip()] if names else [t.name for t in TASKS]
+  unknown = [n for n in wanted if n not in BY_NAME]
+  if unknown:
+    raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (expected some of {', '.join(BY_NAME)})")
+  return [t for t in TASKS if t.name in wanted]
+
+
+def configs_dir() -> str:
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "configs", "finetune")
+
+
+def load_config(task: SuiteTask, mode: str, data: str):
+  """configs/finetune/<task.config>.py:<mode>, reading its files from `data` (the configs read $MLM_JAX_DATA)."""
+  path = os.path.join(configs_dir(), f"{task.config}.py")
+  if not os.path.exists(path):
+    raise ConfigError(f"{path}: no such config (the suite's budget for task {task.name!r})")
+  os.environ["MLM_JAX_DATA"] = data
+  spec = importlib.util.spec_from_file_location(f"_suite_config_{task.config}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(mode)
+
+
+def languages(task: SuiteTask, data: str) -> dict:
+  """{language: [files]} of the task's other-language test files (English is the training language)."""
+  if not task.crosslingual:
+    return {}
+  out = {}
+  for path in sorted(glob.glob(os.path.join(data, "downstream", task.folder, task.crosslingual))):
+    m = re.match(task.lang, os.path.basename(path))
+    if m and m.group(1) != TRAIN_LANGUAGE:
+      out.setdefault(m.group(1), []).append(path)
+  return out
+
+
+def extra_evals(task: SuiteTask, data: str) -> dict:
+  """The eval sets scored with the selected checkpoint besides the config's own: 'test' and 'xl:LANG'."""
+  folder = os.path.join(data, "downstream", task.folder)
+  out = {"test": tuple(os.path.join(folder, f) for f in task.test)} if task.dev else {}
+  out.update({f"xl:{lang}": tuple(files) for lang, files in languages(task, data).items()})
+  return out
