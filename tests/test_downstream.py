@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mlm_jax.errors import ConfigError, DataError
-from mlm_jax.tasks import readers
+from mlm_jax.tasks import catalogue, readers
 from mlm_jax.finetuning import suite
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "round2"
@@ -59,12 +59,12 @@ def test_conllu_reader_skips_multiword_tokens_and_empty_nodes(shared_data, lang)
 def _split(task_name, shared_data):
   """(training groups, {lang: eval groups}) of a suite task, split as the suite splits it."""
   from mlm_jax.tasks import task as task_lib
-  t = suite.BY_NAME[task_name]
-  config = suite.load_config(t, "fast", str(shared_data))
+  t = catalogue.BY_NAME[task_name]
+  config = catalogue.load_config(t, "fast", str(shared_data))
   config.task.max_eval_examples = 0
   train, evals = task_lib.split(config.task)
   out = {"en": {e.group for e in evals}}
-  for name, files in suite.extra_evals(t, str(shared_data)).items():
+  for name, files in catalogue.extra_evals(t, str(shared_data)).items():
     out[name[3:]] = {e.group for e in task_lib.eval_examples(config.task, files)}
   return {e.group for e in train}, out
 
@@ -87,10 +87,10 @@ def test_xquad_split_by_title_across_languages(shared_data):
 
 def test_bad_input_is_one_line(tmp_path):
   with pytest.raises(ConfigError, match=r"--tasks: unknown task 'glue' \(expected some of polarity, "):
-    suite.select("pos,glue")
+    catalogue.select("pos,glue")
   with pytest.raises(DataError, match="no such folder"):
-    suite.data_dir(str(tmp_path))
-  assert [t.name for t in suite.select("xquad, trec")] == ["trec", "xquad"]
+    catalogue.data_dir(str(tmp_path))
+  assert [t.name for t in catalogue.select("xquad, trec")] == ["trec", "xquad"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_table_and_json_from_seed_results():
                        rec("xquad", 1, 0.3, {"de": 0.2, "zh": 0.3, "th": 0.0})]}
   info = dict(init_from="/m", mode="fast", num_seeds=2, random_init=True, pretrain_languages=["en", "de"],
               pretrain_languages_from="--pretrain_languages")
-  summary = suite_report.summarize([suite.BY_NAME["sms_spam"], suite.BY_NAME["xquad"]], results, info)
+  summary = suite_report.summarize([catalogue.BY_NAME["sms_spam"], catalogue.BY_NAME["xquad"]], results, info)
   spam, qa = summary["tasks"]["sms_spam"], summary["tasks"]["xquad"]
   assert spam["mean"] == pytest.approx(85.0) and spam["std"] == pytest.approx(np.std([90, 80], ddof=1))
   assert qa["mean"] == pytest.approx(40.0) and qa["exact_match"] == pytest.approx(20.0)

@@ -1,6 +1,6 @@
 """Fine-tuning: readers, encodings, span decoding, and the loop on real data from a tiny imported HF model.
 
-The loop tests run `finetune.finetune` in the test process (8 fake CPU devices, so the batch and
+The loop tests run `finetuner.finetune` in the test process (8 fake CPU devices, so the batch and
 the parameters are really sharded) on a 2-layer, 32-wide XLM-R made with transformers, saved with
 `save_pretrained` and imported by the converter: a few steps each, seconds.
 """
@@ -194,11 +194,11 @@ def _lines(workdir):
 
 
 def test_classification_from_hf_folder(hf_folder, shared_data, tmp_path):
-  from mlm_jax import finetune
+  from mlm_jax.finetuning import finetuner
   c = _config("classification", train_files=(str(shared_data / "downstream/sms_spam/SMSSpamCollection.tsv"),),
               text_field="1", label_field="0", max_train_examples=400, max_eval_examples=64)
   wd = tmp_path / "run"
-  result = finetune.finetune(c, str(wd), init_from=hf_folder)
+  result = finetuner.finetune(c, str(wd), init_from=hf_folder)
   assert os.path.exists(wd / "init_model" / "checkpoints" / "0")      # converted once by from_hf
   losses = [l["loss"] for l in _lines(wd) if "loss" in l]
   assert len(losses) == 12 and all(np.isfinite(losses))
@@ -212,18 +212,18 @@ def test_classification_from_hf_folder(hf_folder, shared_data, tmp_path):
   assert os.listdir(wd / "best" / "checkpoints") == [str(result["best_step"])]
 
   # Re-running the finished command resumes at the end: nothing is trained twice.
-  again = finetune.finetune(c, str(wd), init_from=hf_folder)
+  again = finetuner.finetune(c, str(wd), init_from=hf_folder)
   assert len([l for l in _lines(wd) if "loss" in l]) == 12 and again["best_step"] == result["best_step"]
 
 
 def test_ner_and_qa_from_converted_folder(hf_folder, shared_data, tmp_path):
-  from mlm_jax import finetune
+  from mlm_jax.finetuning import finetuner
   d = shared_data / "downstream"
   ner = _config("token", train_files=(str(d / "ner_uner/en_ewt-ud-dev.iob2.gz"),),
                 eval_files=(str(d / "ner_uner/en_ewt-ud-test.iob2.gz"),), token_column=1, tag_column=2,
                 max_train_examples=200, max_eval_examples=50)
   ner.train.update(dict(steps=4, eval_every=4))
-  r = finetune.finetune(ner, str(tmp_path / "ner"), init_from=hf_folder)
+  r = finetuner.finetune(ner, str(tmp_path / "ner"), init_from=hf_folder)
   assert 0.0 <= r["eval_f1"] <= 1.0 and "eval_token_accuracy" in r
   text = (tmp_path / "ner" / "predictions.conll").read_text().strip().split("\n\n")
   assert len(text) == 50 and all(len(line.split()) == 3 for s in text for line in s.splitlines())
@@ -231,7 +231,7 @@ def test_ner_and_qa_from_converted_folder(hf_folder, shared_data, tmp_path):
   squad = _config("qa", train_files=(str(d / "qa_xquad/xquad.en.json.gz"),), eval_percent=10.0,
                   max_query_length=16, doc_stride=24, max_train_examples=64, max_eval_examples=16)
   squad.train.update(dict(steps=4, eval_every=4))
-  r = finetune.finetune(squad, str(tmp_path / "qa"), init_from=str(tmp_path / "ner" / "init_model"))
+  r = finetuner.finetune(squad, str(tmp_path / "qa"), init_from=str(tmp_path / "ner" / "init_model"))
   assert {"eval_exact_match", "eval_f1"} <= set(r)
   answers = json.loads((tmp_path / "qa" / "predictions.json").read_text())
   assert len(answers) == 16 and all(len(a.split()) <= 30 for a in answers.values())
