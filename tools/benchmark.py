@@ -199,7 +199,6 @@ def train_main(argv):
 
 
 def main():
-  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
   if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input"):
     sys.exit("usage: benchmark.py {train|input} [flags]  (see --help of each)")
   if sys.argv[1] == "train":
@@ -210,4 +209,5 @@ def main():
 
 
 if __name__ == "__main__":
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
   main()

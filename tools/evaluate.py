@@ -188,7 +188,6 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
 
 
 def main(argv=None) -> int:
-  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
   a = _parser().parse_args(argv)
   runtime.setup_tool_logging()
   from mlm_jax.errors import UserError
@@ -204,4 +203,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
   sys.exit(main())

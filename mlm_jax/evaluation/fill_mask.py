@@ -2,7 +2,7 @@
 
 Two sources give the same object: a training workdir (or a `from_hf` output folder), restored
 onto one device whatever mesh wrote it, and a Hugging Face transformers folder, converted in
-memory with `convert.hf.params_from_hf` and run by our JAX model - not by torch - so the tool
+memory with `convert.bert.params_from_hf` and run by our JAX model - not by torch - so the tool
 checks the conversion as much as it shows predictions.
 
 Text is tokenized as the training pipeline does: BOS + pieces + EOS, and each mask token string
@@ -22,7 +22,7 @@ import ml_collections
 
 from mlm_jax.workdir import restore
 from mlm_jax.workdir import files as workdir_files
-from mlm_jax.convert import folders
+from mlm_jax.convert import folders, tokenizer_files
 from mlm_jax.errors import UserError
 from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.objectives import registry
@@ -73,7 +73,7 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   else:
     tok = folders.folder_tokenizer(hf_dir)
     if tok is None:
-      raise folders.ConversionError(f"{hf_dir}: missing tokenizer (no {folders.hf_tokenizer.SPM_FILE}, "
+      raise folders.ConversionError(f"{hf_dir}: missing tokenizer (no {tokenizer_files.SPM_FILE}, "
                                 "sentencepiece.bpe.model, tokenizer.json, vocab.txt or vocab.json); "
                                 "pass --tokenizer=PATH")
     if tok.vocab_size != mcfg.vocab_size:
