@@ -1,7 +1,6 @@
 """mlm_jax: masked-language-model pretraining of BERT / RoBERTa / XLM-R encoders in JAX.
 
-Importing the package sets the process up before jax or TensorFlow is imported (runtime.bootstrap:
-platform, log levels, XLA flags, and in a binary on the CPU the allocator).
+Importing the package runs runtime.bootstrap() first, before jax or TensorFlow is imported.
 """
 from mlm_jax import runtime as _runtime
 

@@ -1,32 +1,8 @@
-"""Which malloc a CPU training process runs under, chosen before anything large is imported.
+"""Which malloc a CPU training process runs under: mimalloc by default, MLM_JAX_MALLOC=glibc|system.
 
-XLA:CPU allocates a step's temporaries afresh every step (1.0 GB for BERT-base at batch 8), from
-its worker threads. What each allocator does with them, measured with `tools/benchmark.py train
---repeat=5` on a 2-core VM (figures in docs/performance.md):
-
-- **glibc as it comes** serves those blocks with mmap and unmaps them on free, so every step
-  page-faults its scratch in again: ~190k minor faults per mini step, 15-20% of the step time.
-  Peak RSS is the lowest (base: 3.4 GB).
-- **glibc keeping freed memory** (one arena, no mmap, no trimming: this project's policy until
-  round 3, `MLM_JAX_MALLOC=glibc`): no faults, but one heap shared by every thread fragments,
-  and how badly depends on thread timing: the same small-model command peaked at 3.4 GB in one
-  run and 6.9 GB in the next, base at 5.9 GB.
-- **mimalloc** (default; the `cmeel-mimalloc` wheel, a setup.py requirement on Linux) segregates
-  blocks by size per thread and keeps a freed region mapped for `MIMALLOC_PURGE_DELAY` ms before
-  returning it to the OS. 100 ms outlives the gap between a block's free and its reuse within a
-  step, so the fault count stays near zero, while memory XLA stops using (the compiler's, a
-  finished step's) goes back: peaks far below the kept heap's and steady from run to run (1-3%),
-  at its speed. Transparent huge pages stay allowed (mimalloc's default): turned off
-  (MIMALLOC_ALLOW_THP=0, 4 KiB purges) base peaked 250 MB lower (3.4 instead of 3.65 GB, before
-  runtime.CPU_XLA_FLAGS), but mimalloc then faults fresh 4 KiB pages every step (43-95k, whatever
-  the purge delay, even with purging off) and runs ~12% slower at mini and ~8% at base; with them
-  the faults drop to ~7k at mini.
-
-An allocator is chosen when the process starts (the C library's malloc is bound at load time),
-so `use_mimalloc()` re-executes the program with the library in LD_PRELOAD. Binaries call
-`runtime.choose_allocator()` right after `runtime.configure()`, only under
-`if __name__ == "__main__"` (importing a binary's module, as tests do, never re-executes the
-importing process). Child processes inherit it.
+malloc is bound when a process starts, so `use_mimalloc()` re-executes the program with mimalloc in
+LD_PRELOAD; only a binary (runtime.bootstrap) or a tool's main() asks for it, never a mere import.
+Why, and what each allocator costs: docs/design_notes.md#allocator.
 """
 from __future__ import annotations
 
@@ -35,13 +11,13 @@ import sys
 
 ENV = "MLM_JAX_MALLOC"          # mimalloc (default) | glibc | system
 ACTIVE = "MLM_JAX_MALLOC_ACTIVE"   # set by the re-exec; also stops a second one
-# Purge what is unused after 100 ms (transparent huge pages allowed: see above).
+# Purge what is unused after 100 ms, transparent huge pages allowed (docs/design_notes.md#allocator).
 SETTINGS = {"MIMALLOC_PURGE_DELAY": "100"}
 CHOICES = ("mimalloc", "glibc", "system")
 
 
 def requested() -> str:
-  """The allocator this process should use. MLM_JAX_KEEP_FREED_MEMORY=0 (before round 3) = system."""
+  """The allocator this process should use. MLM_JAX_KEEP_FREED_MEMORY=0 (an older variable) = system."""
   if os.environ.get("MLM_JAX_KEEP_FREED_MEMORY") == "0":
     return "system"
   choice = os.environ.get(ENV, "mimalloc") or "mimalloc"

@@ -1,8 +1,7 @@
 """The one base class of the errors a user can fix: a file, a config key, a value, a checkpoint.
 
-Every binary and tool catches `UserError` alone and prints its message as one line (no traceback);
-anything else is a bug and keeps its traceback. The subclasses only say which area the problem is
-in; they subclass ValueError so that library callers catching ValueError keep working.
+Binaries and tools catch `UserError` alone and print its message as one line; anything else is a bug
+and keeps its traceback. The subclasses name the area and subclass ValueError.
 """
 
 

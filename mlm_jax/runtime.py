@@ -1,20 +1,8 @@
 """Process setup for every binary and tool: environment, logging, memory, distributed init.
 
-Some of it must be decided before jax or tensorflow is imported (platform, log levels, the
-allocator), so importing the package runs `bootstrap()` (mlm_jax/__init__.py), and this module
-imports neither at top level.
-
-The console is quiet by default and shows everything with `--verbosity=1` (absl's flag, read here
-from argv because the choices are made before absl parses flags):
-- On a machine without TPU or GPU hardware, JAX is told `JAX_PLATFORMS=cpu`, so an installed
-  libtpu does not probe for chips and log errors. TPU and GPU hosts keep their backend, and a
-  user-set `JAX_PLATFORMS` always wins.
-- TensorFlow (tf.data only) is imported with its start-up lines (oneDNN, CUDA stubs, cuInit)
-  sent to a temporary file, shown only if the import fails, and it never sees a GPU.
-- oneDNN's custom TF ops are off (they only serve TF math, which this project does not run).
-- orbax's INFO and WARNING records are dropped; INFO on process 0, WARNING on the others.
-
-Whatever the verbosity, XLA:CPU schedules a step for memory (`CPU_XLA_FLAGS`).
+Some of it must happen before jax or TensorFlow is imported, so importing the package runs
+`bootstrap()` and this module imports neither at top level. What each setting does and why:
+docs/design_notes.md#runtime.
 """
 from __future__ import annotations
 
@@ -29,14 +17,10 @@ from typing import Callable
 
 _VERBOSITY: list[int] = []
 
-# XLA:CPU's default scheduler orders a step's operations for the most thunks that can run at once,
-# and that order computes backward-pass values early in the forward pass and keeps them alive:
-# BERT-base's step at batch 8 x 128 needed 1250 MB of temporaries so and 1001 MB in the
-# memory-minimizing order (peak RSS, medians of 3 rounds: 3643 -> 3306 MB, below PyTorch's 3561),
-# mini and small 165 and 245 MB less, at the same tokens/s on 2 cores, the demo too
-# (docs/performance.md, "XLA's schedule"). Process-wide: XLA reads it from XLA_FLAGS when the
-# backend starts (a jit's compiler_options did not change the schedule in jax 0.10). Added unless
-# the user's XLA_FLAGS names the flag; only XLA's CPU compiler reads it.
+# XLA:CPU orders a step for the least memory instead of the most parallel thunks: fewer live
+# temporaries at the same speed (docs/design_notes.md#runtime). Process-wide: XLA reads it from
+# XLA_FLAGS when the backend starts. Added unless the user's XLA_FLAGS names the flag; only XLA's
+# CPU compiler reads it.
 CPU_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 
 
@@ -182,11 +166,10 @@ def _hide_gpus(tf):
 def memory_policy() -> str:
   """The CPU allocator policy this process runs with: 'mimalloc', 'glibc-keep' or 'system'.
 
-  mimalloc was chosen at start by `allocator.use_mimalloc` (see allocator.py for the measurements).
-  Without it (MLM_JAX_MALLOC=glibc, or the library missing), glibc is told to keep the memory XLA
-  frees: one arena (the main heap), no mmap for large blocks, no trimming. That removes the ~200k
-  page faults per mini step of glibc's defaults, at the price of a heap that fragments (peaks that
-  vary up to 2x from run to run). MLM_JAX_MALLOC=system leaves glibc as it comes.
+  mimalloc was chosen at start by `allocator.use_mimalloc`. Without it (MLM_JAX_MALLOC=glibc, or the
+  library missing), glibc is told to keep the memory XLA frees: one arena (the main heap), no mmap for
+  large blocks, no trimming (no page faults per step, but a heap that fragments:
+  docs/design_notes.md#allocator). MLM_JAX_MALLOC=system leaves glibc as it comes.
 
   Call it before anything starts the JAX backend: a thread keeps the glibc arena it first allocated
   from. It starts the backend itself to learn the platform and, on accelerators, puts glibc's arena
