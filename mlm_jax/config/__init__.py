@@ -1,1 +1,1 @@
-"""config"""
+"""The config schema: every section's defaults, the allowed values, encoder sizes, curricula."""

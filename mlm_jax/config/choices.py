@@ -1,8 +1,7 @@
 """Every config field that takes one of a fixed set of values, and the one check that names them.
 
-The resolution step (resolve.py) checks a whole config here before any work starts, and the
-modules that read a field check it here too when they are used as a library (tests, notebooks),
-so an unknown value is always the same one-line ConfigError: the key, the value, the choices.
+training/resolve.py checks a whole config here before any work starts, and a module used as a library
+checks its fields here too, so an unknown value is always the same one-line ConfigError.
 """
 from __future__ import annotations
 

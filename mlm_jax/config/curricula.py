@@ -1,17 +1,8 @@
 """Curricula as config fields: values that are a pure function of the training step.
 
-mmBERT-style recipes change the mask rate (30% -> 15% -> 5%), the language-sampling exponent
-(0.7 -> 0.5 -> 0.3) and the set of languages (added in stages) during one run. Each is written as
-phases, `('STEP:VALUE', ...)` with the first phase at step 0, and read here, so a value at step s
-depends on nothing but s: a restored run continues the curriculum exactly where it stopped.
-
-  masking.mask_rate_schedule   ('0:0.3', '2000:0.15', '4000:0.05'), mode `constant` (piecewise
-                               constant) or `linear` (straight lines between the points, constant
-                               after the last); evaluated inside the jitted step from state.step.
-  data.mix_alpha_schedule      ('0:0.7', '2000:0.5', '4000:0.3'): piecewise constant, so that the
-                               per-source quotas of a token store stay a fixed pattern per phase
-                               and a row is located in O(phases).
-  data.source_start_steps      ('bn=2000', 'hy=4000'): the source's weight is 0 before that step.
+Each is phases `('STEP:VALUE', ...)`, the first at step 0 (masking.mask_rate_schedule,
+data.mix_alpha_schedule, data.source_start_steps), so a restored run continues it exactly.
+The fields: docs/design_notes.md#curricula.
 """
 from __future__ import annotations
 

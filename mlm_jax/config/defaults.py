@@ -1,8 +1,7 @@
-"""The full config schema with defaults, one function per section; every file in configs/ starts from
-`default_config()`, and the fine-tuning schema (config/finetune_defaults.py) reuses its sections.
+"""The full pretraining config schema with defaults, one function per section.
 
-Keeping all fields in one place makes the ConfigDict locked against typos: overriding a key
-that is not here (`--config.trian.steps=5`) fails at start with the key named.
+Every file in configs/ starts from `default_config()` and fine-tuning (finetune_defaults.py) reuses its
+sections; the ConfigDict is locked, so an unknown key (`--config.trian.steps=5`) fails at start.
 """
 import ml_collections
 
@@ -168,9 +167,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.eval_sources = ()
   d.eval_percent = 1.0
   # Lines longer than this many bytes are cut into pieces of that size before tokenization
-  # (counted as long_lines_cut). It bounds memory: sentencepiece's lattice over one 10 MB line
-  # takes gigabytes. 64 KiB is ~16k tokens, far beyond any seq_len, above almost every real
-  # paragraph, and costs ~100 MB in the worst case per line being tokenized.
+  # (counted as long_lines_cut): it bounds the tokenizer's memory per line (docs/design_notes.md#defaults).
   d.max_line_bytes = 1 << 16
   # True: any repaired or skipped input (invalid UTF-8, a cut line, an empty or truncated file)
   # is an error naming the file, instead of a warning and a count in the stats.
@@ -181,9 +178,9 @@ def data_defaults() -> ml_collections.ConfigDict:
   d.packing = "segmented"
   # segmented rows: 'best' = each document (chunk) goes into the open row with the least room that
   # still fits it, among `packing_window` open rows (the fullest is closed when a new one is
-  # needed): ~1-3 % padding on short documents; 'next' = one open row, closed when a document does
-  # not fit (10-20 % padding on sentences). A config.json or data state without this field is from
-  # before best-fit and reads as 'next', so such runs resume onto the rows they started on.
+  # needed); 'next' = one open row, closed when a document does not fit (more padding:
+  # docs/design_notes.md#best_fit). A config.json or data state without this field reads as
+  # 'next', so such runs resume onto the rows they started on.
   d.packing_fit = "best"
   d.packing_window = 256         # open rows; more = fuller rows, more memory (streaming: rows x seq_len)
   # Corpus i is drawn with p_i ∝ n_i^alpha, n_i = its size on disk (bytes; TFDS: examples) unless
@@ -221,7 +218,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0
   # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order) | electra
   # (replaced-token detection, mlm_jax/objectives/electra.py); the sentence objectives read pairs of sentences
-  # from a token store (mlm_jax/data/sentence_pairs.py).
+  # from a token store (mlm_jax/data/store/pairs.py).
   c.objective = "mlm"
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
   # parameters start from there, the optimizer and data stream start fresh.

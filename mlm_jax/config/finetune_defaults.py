@@ -1,9 +1,7 @@
 """The fine-tuning config schema with defaults; every file in configs/finetune/ starts from `finetune_config()`.
 
-The model and the tokenizer are not configured here: they come from `init_from` (a pretraining
-workdir, a `convert_checkpoint.py from_hf` folder, or a transformers folder), so that a fine-tuned
-model always matches the checkpoint it starts from. Optimizer, mesh and sharding fields are the
-pretraining ones (mlm_jax/config/defaults.py), with fine-tuning values.
+No model or tokenizer fields: both come from `init_from`, so a fine-tuned model always matches the
+checkpoint it starts from. Optimizer, mesh and sharding are the pretraining sections (defaults.py).
 """
 import ml_collections
 
