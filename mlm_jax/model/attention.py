@@ -1,21 +1,8 @@
-"""Attention implementations (xla, Pallas splash on TPU, cuDNN on GPU) and local/global layers.
+"""Attention kernels (xla, Pallas splash on TPU, cuDNN on GPU) and local/global layers.
 
-`config.model.attention_impl` picks the kernel; `auto` (or '') picks per the platform of the
-mesh, not of the host, since the AOT tool compiles TPU programs on a CPU host:
-
-  splash  TPU: block-sparse flash attention; packed documents and padding through SegmentIds,
-          sliding windows through LocalMask (fully masked blocks are skipped, so a local layer
-          costs O(S * window)). No [B, N, S, S] scores in HBM. Sharded with shard_map over the
-          batch axes and the `tensor` axis (heads). On a CPU it runs in Pallas interpret mode,
-          which is how the tests compare it with xla.
-  cudnn   GPU: cuDNN flash attention through jax.nn.dot_product_attention, given per-row
-          lengths. It serves padding-only batches (data.packing='concat') with global layers:
-          cuDNN refuses bidirectional windows, and a dense mask would become a [B, 1, S, S] bias.
-  xla     the dense path: masked scores materialized in float32; the only one with attention
-          dropout (BERT's recipe), so `auto` falls back to it when model.attention_dropout > 0.
-
-Local/global layers follow HF ModernBERT: layer i is global when i % global_attention_every == 0,
-the others see |i - j| <= local_window / 2 and rotate with rope_theta_local.
+`model.attention_impl='auto'` picks per the platform of the mesh, not of the host (the AOT tool compiles
+TPU programs on a CPU host), and xla whenever attention dropout is on: only xla has it. Each kernel's
+scope: docs/design_notes.md#attention.
 """
 from __future__ import annotations
 
@@ -35,7 +22,7 @@ from mlm_jax.errors import ConfigError
 IMPLS = choices.CHOICES["model.attention_impl"]
 SPLASH_BLOCKS = (512, 256, 128)   # the largest that divides the sequence is used
 # Fields added with these options; config.json files of older runs lack them and mean these values
-# (workdir.migrate fills them in).
+# (workdir/files.py `migrate` fills them in).
 NEW_FIELDS = dict(attention_impl="auto", global_attention_every=0, local_window=128, rope_theta_local=10000.0,
                   scan_layers=False)
 

@@ -1,21 +1,8 @@
-"""The encoder: BERT / RoBERTa / XLM-R in one readable Flax NNX module.
+"""The encoder: BERT / RoBERTa / XLM-R (exact by default) and ModernBERT's switches in one Flax NNX module.
 
-Defaults reproduce the published models exactly (post-LayerNorm, learned absolute positions,
-exact erf GELU, tied MLM decoder with its own bias), so that weights converted from Hugging Face
-give the same hidden states and logits (tests/test_model_hf_parity.py). Modern options (pre-LN,
-rotary positions, GeGLU, alternating local/global attention, scanned layers) are switches in
-`config.model`; the attention kernels (xla, splash, cudnn) live in mlm_jax/model/attention.py.
-
-ModernBERT (transformers' ModernBertForMaskedLM) is the pre-LN variant with the switches of
-MODEL_FIELDS: a LayerNorm on the embeddings and one after the last layer, no linear or LayerNorm
-biases, no attention norm in layer 0 (its input is the normalized embeddings already), rotary
-positions with a local and a global theta, GeGLU, and local/global attention layers.
-
-Every parameter carries logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `norm`,
-`positions`); `config.sharding.rules` maps them to mesh axes (mlm_jax/model/sharding.py).
-
-Dropout takes an explicit key rather than a stateful nnx.Rngs so that the train step stays a pure
-function of (state, batch, key): the same key always gives the same dropout masks, on any mesh.
+Converted Hugging Face weights give the same logits; every parameter carries logical axis names
+(sharding.py maps them to the mesh); dropout takes an explicit key, so a step is a pure function of
+(state, batch, key). Why: docs/design_notes.md#encoder.
 """
 from __future__ import annotations
 
@@ -31,7 +18,7 @@ from mlm_jax.config import choices
 from mlm_jax.errors import ConfigError
 
 # Structure switches added for ModernBERT. config.json files written before them lack them and mean
-# these values (the models they describe had every bias and norm); workdir.migrate fills them in.
+# these values (the models they describe had every bias and norm); workdir/files.py `migrate` fills them in.
 MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bias=True,
                     first_layer_attention_norm=True)
 
@@ -70,10 +57,9 @@ def _fmix32(h):
 def dropout_bits(key, shape):
   """Counter-based random bits: a hash of (element index, two seeds drawn from `key`).
 
-  jax.random's threefry costs about 10x more on CPU than the matmuls it guards (dropout made
-  a mini BERT step ~50% slower); a hash of the flat element index is as good for dropout, is
-  fused into the consuming op by XLA, and, like threefry, gives the same bits on any sharding
-  since the index comes from an iota that XLA partitions with the array.
+  Cheaper than threefry on CPU (docs/design_notes.md#encoder), as good for dropout, fused into the
+  consuming op by XLA, and, like threefry, the same bits on any sharding: the index comes from an
+  iota that XLA partitions with the array.
   """
   seeds = jax.random.bits(key, (2,), jnp.uint32)
   index = jnp.zeros(shape, jnp.uint32)
@@ -96,8 +82,7 @@ def gelu(x):
   """Exact (erf) GELU, as BERT defines it.
 
   Written with erf rather than jax.nn.gelu(approximate=False), which uses erfc: same values to
-  1e-6 in float32, and XLA's CPU erf is about twice as fast as its erfc (GELU over the FFN
-  activations was ~4% of a mini BERT CPU step).
+  1e-6 in float32, and XLA's CPU erf is the faster (docs/design_notes.md#encoder).
   """
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(1.0 / math.sqrt(2.0), x.dtype)))
 
@@ -174,8 +159,7 @@ class Attention(nnx.Module):
       out = attention.fused(q, k, v, ctx, self.window)
     else:
       # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
-      # with it, so the training path spells attention out. (Projecting straight to a heads-major
-      # [B, N, S, D] layout was ~3% faster on CPU but ~3.5% slower in XLA's TPU cost model.)
+      # with it, so the training path spells attention out (layout: docs/design_notes.md#encoder).
       logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
       logits = jnp.where(ctx.masks[self.window], logits, jnp.finfo(jnp.float32).min)
       probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)

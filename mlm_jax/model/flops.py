@@ -1,10 +1,7 @@
-"""Model FLOPs per token and MFU.
+"""Model FLOPs per token and MFU, counted as MaxText and PaLM count them (6 per parameter per token).
 
-Counted the way MaxText and the PaLM paper count model FLOPs (6 per parameter per token for
-forward + backward matmuls, plus attention scores), but for the work this model really has to do:
-the MLM head and vocabulary projection run on the prediction slots only (P of S positions), not
-on every position. `dense_flops_per_token` is the same count with the head on all positions, as
-Hugging Face's BERT computes it, for comparison with those peers.
+The MLM head counts on the prediction slots only, the work this model does; `dense_flops_per_token`
+counts it on every position, as Hugging Face's BERT does, for comparing with those peers.
 """
 from __future__ import annotations
 

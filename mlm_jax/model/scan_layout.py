@@ -1,17 +1,7 @@
 """Scanned <-> unscanned parameter layouts, so checkpoints move between `model.scan_layers` settings.
 
-Unscanned (model.scan_layers=False), one entry per layer:
-  layers.{i}.attention.q_kernel                      [H, N, D]
-Scanned, a = lead layers, g = attention.group_size(cfg) layers per group, n = (num_layers - a) // g groups:
-  lead_layers.{i}.attention.q_kernel                 [H, N, D]      layer i < a
-  layer_groups.layers.{j}.attention.q_kernel         [n, H, N, D]   layer i = a + k * g + j at [k]
-  tail_layers.{t}.attention.q_kernel                 [H, N, D]      layer i = a + n * g + t
-A lead layer is one whose parameters differ from the layers of its slot in the other groups (and so
-cannot be stacked with them): ModernBERT's layer 0, which has no attention norm. Unrolling it keeps
-every stacked parameter real (no unused norm kept only for homogeneity), and since a layer's window
-depends on its index modulo g only, the groups after it are still alike.
-Everything else (embeddings, head) is the same in both. Names are the dotted paths of
-mlm_jax/model/tree_paths.py (`flatten`), which both directions work on.
+Both directions work on the dotted paths of tree_paths.py; the names and shapes of each layout,
+and why ModernBERT's layer 0 stays unrolled: docs/design_notes.md#scan_layout.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Device mesh and logical-axis sharding (MaxText style).
 
-Parameters name their axes logically (`vocab`, `embed`, `heads`, `kv`, `mlp`, ...; see model.py);
-`config.sharding.rules` maps each logical name to a mesh axis, a tuple of mesh axes, or None
-(replicated). The batch is sharded over ("data", "fsdp"). The same code runs on one CPU, 8 fake CPU
-devices in tests, and multi-host TPU/GPU slices.
+Parameters name their axes logically (`vocab`, `embed`, `heads`, `kv`, `mlp`, ...; see encoder.py);
+`config.sharding.rules` maps each to a mesh axis, a tuple of axes, or None (replicated). The batch is
+sharded over ("data", "fsdp"); the same code runs on one CPU, 8 fake CPU devices and multi-host slices.
 """
 from __future__ import annotations
 
