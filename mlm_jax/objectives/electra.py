@@ -1,16 +1,8 @@
 """ELECTRA (Clark et al., 2020, arXiv:2003.10555): replaced-token detection, `config.objective='electra'`.
 
-A small generator is trained with MLM on the masked input; replacements for the masked slots are
-sampled from its output, and the discriminator (the model one keeps) learns, for every real token
-of the corrupted sequence, whether it was replaced. Both towers train in the one jitted step:
-
-  mask (masking.py, as for MLM) -> generator -> MLM head on the prediction slots only
-  (sparse_loss.py) -> Gumbel-max sample per slot (no gradient through the sample) -> original
-  ids with the masked slots replaced -> discriminator -> binary head on every position ->
-  loss = generator MLM (mean over slots) + electra.disc_weight x discriminator BCE (mean over real tokens).
-
-The pair model (both towers, shared embeddings, the sampler) is electra_pair.py. The discriminator
-is the encoder (init_from, fine-tuning); the generator is the masked LM (fill-mask); to_hf writes both.
+One jitted step trains both towers: generator MLM on the masked slots, Gumbel-max replacements, then
+the discriminator's BCE on every real token (loss = MLM + electra.disc_weight x BCE). The model is
+electra_model.py; the discriminator is the encoder, the generator the masked LM; to_hf writes both.
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""ELECTRA's model (Clark et al., 2020, arXiv:2003.10555): the generator + discriminator pair and the
-replaced-token sampling; the objective that trains it is electra.py.
+"""ELECTRA's model: the generator + discriminator pair (`ElectraPair`) and the replaced-token sampling.
 
-The pair (`ElectraPair`) holds `discriminator` (an Encoder without MLM head, whose config is
-`config.model`), `generator` (an Encoder of `generator_config`) and `rtd_head`. Word, position and
-token-type embeddings are the discriminator's nnx.Params, reused by the generator (one array in
-the state, under `discriminator.`; its gradient sums both towers), as in the paper: with
-`model.embedding_size` smaller than the hidden sizes, each tower projects them up with its own
-`embeddings_project` and the generator's MLM head projects back down to the tied decoder. The
-embedding LayerNorm is shared too (`electra.share_embedding_norm`, the reference's choice: it sits in
-the same shared embedding scope), under `discriminator.`; runs from before that field keep one per
-tower. transformers' two models each carry one, so to_hf writes the shared one into both folders.
-
-Sampling noise is a counter-based hash (model.dropout_bits) seeded per example from the step key, so
-the replacements of example i depend only on (seed, step, i), never on the mesh or on gradient
-accumulation, and a resumed run replays them exactly.
+The towers share the discriminator's embeddings (and by default its embedding LayerNorm); sampling
+noise depends only on (seed, step, example), never on the mesh, so a resumed run replays it.
+Layout and reasons: docs/design_notes.md#electra-electra_model.
 """
 from __future__ import annotations
 

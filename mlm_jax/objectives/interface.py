@@ -1,12 +1,8 @@
 """What an objective is: the page to read before adding one.
 
-An objective is a class. `make_trainer` builds one from the frozen config and runs its
-`prepare` -> `loss_sums` in the jitted train step; the loop logs what `summarize` / `console` make
-of the summed metrics. The class-level methods answer the questions asked before a run or of a
-finished one (resolution, input, FLOPs, init_from, export, fill-mask). Subclassing
-`mlm_jax.objectives.mlm.MLM` gives a masked LM's answer to every one of them, so a new objective
-overrides only what differs. To make it known, add one line to registry.py, or name it as
-`--config.objective=module:Class` (config.json keeps that string; resume and the tools find it).
+An objective is a class: `make_trainer` runs its `prepare` -> `loss_sums` in the jitted step, and its
+class methods answer the questions asked before or after a run. Subclass `objectives.mlm.MLM` and
+override what differs; add one line to registry.py, or pass `--config.objective=module:Class`.
 """
 from __future__ import annotations
 
@@ -60,7 +56,7 @@ class Objective(Protocol):
   @classmethod
   def to_hf(cls, workdir: str, out: str, step: int | None, arch: str | None) -> dict | None:
     """Export WORKDIR as transformers folder(s) and return the summary; None: export `encoder` as a
-    BERT / RoBERTa / XLM-R / ModernBERT masked LM (convert/checkpoint_io.py)."""
+    BERT / RoBERTa / XLM-R / ModernBERT masked LM (convert/folders.py)."""
 
   # --- the step (an instance, built by make_trainer from the frozen config) ---
   count_key: str

@@ -1,16 +1,8 @@
 """Dynamic MLM masking on device: token, whole-word and span (SpanBERT) selection, then 80/10/10.
 
-`mask_batch(batch, key, cfg)` is a pure function, jit-compiled inside the train step. The mask of
-example i depends only on (key, i): each row draws from `fold_in(key, i)` with i its index in the
-*global* batch, so 1 device, 8 devices and several hosts produce the same masks, and a resumed run
-reproduces them exactly.
-
-Output is a fixed number of prediction slots per sequence (`max_predictions`), so the loss gathers
-only those positions before the vocabulary projection:
-  input_ids        [B, S]  the corrupted input
-  masked_positions [B, P]  positions of the selected tokens (0 in unused slots)
-  masked_labels    [B, P]  the original tokens
-  masked_weights   [B, P]  1.0 for used slots, 0.0 for unused ones
+`mask_batch(batch, key, cfg)` is pure and runs inside the jitted step; example i draws from
+`fold_in(key, i)`, i its index in the global batch, so any mesh and any resume give the same masks.
+Output: a fixed number of prediction slots per sequence (docs/design_notes.md#masking).
 """
 from __future__ import annotations
 
@@ -26,14 +18,9 @@ from mlm_jax.errors import ConfigError
 MODES = choices.CHOICES["masking.mode"]
 
 
-# Prediction slots are rounded up to a multiple of this per platform, whichever was faster:
-#   cpu  exact: mini BERT at seq 128 (20 slots instead of 24), tools/benchmark.py train, 3 alternating
-#        runs each on a shared 2-core host: median 2548 vs 2480 tokens/s (+2.7%, within the noise
-#        of the shared host; the head's FLOPs drop by 1/6);
-#   tpu  exact: bert_base at seq 128 on v5p:2x2x2 (tools/aot_compile.py), 20 slots instead of 24:
-#        XLA's optimal step time 14.74 vs 15.53 ms, temporaries 1.58 vs 1.72 GiB;
-#   gpu  not measured (no GPU at hand): the multiple of 8 that tensor-core tiles prefer.
-# None (platform unknown) keeps the multiple of 8, as before.
+# Prediction slots are rounded up to a multiple of this per platform, whichever was faster
+# (measurements: docs/design_notes.md#masking); gpu and an unknown platform (None) keep 8, the
+# multiple tensor-core tiles prefer.
 SLOT_MULTIPLE = {"cpu": 1, "gpu": 8, "tpu": 1, None: 8}
 
 

@@ -1,9 +1,7 @@
-"""The objectives `config.objective` may name: name -> "module:attr" of the objective class, and the
-one check of a name. Objectives are imported when asked for.
+"""The objectives `config.objective` may name: name -> "module:attr" of the class, and the one check of a name.
 
-Adding an objective to the package is one line below. One defined elsewhere needs none:
-`--config.objective=my_package.my_module:MyObjective` names it directly, and config.json keeps that
-string, so resume and the tools (to_hf, fill_mask, init_from) find it again.
+Objectives are imported when asked for. Adding one to the package is one line below; one defined
+elsewhere needs none: `--config.objective=my_package.my_module:MyObjective` (config.json keeps it).
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """MLM plus a sentence-level binary task: BERT's next-sentence prediction or ALBERT's sentence order.
 
-`config.objective = 'mlm+nsp' | 'mlm+sop'` trains the encoder on pairs of sentence spans
-(mlm_jax/data/sentence_pairs.py), each row `[CLS] A [SEP] B [SEP]` with `sentence_labels`. The
-sentence head is BERT's: pooler (tanh dense on the first token) -> 2-way linear
-(`model.sentence_head`, set by `bind` together with `model.use_pooler`).
-
-Loss: as BERT's pretraining loss, the mean MLM loss plus the mean sentence loss. The step divides
-the summed loss by the number of predictions (`count_key`), so the sentence loss sum enters scaled
-by predictions / pairs of the (micro)batch (a constant for the gradient): with grad accumulation
-the pair mean is per microbatch. Padding rows (no tokens) carry no sentence loss.
+`config.objective = 'mlm+nsp' | 'mlm+sop'` trains on sentence pairs from a token store
+(data/store/pairs.py) with BERT's pooler and 2-way head; loss = mean MLM + mean sentence loss.
+How the two means combine under accumulation: docs/design_notes.md#sentence.
 """
 from __future__ import annotations
 

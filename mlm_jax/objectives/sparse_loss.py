@@ -1,14 +1,8 @@
 """Sparse MLM loss and metrics over the gathered prediction slots.
 
-The vocabulary projection runs only for the `max_predictions` slots of each sequence, never for
-all positions: with a 250k vocabulary that is most of XLM-R's FLOPs and memory. Log-softmax is taken
-in float32 whatever the compute dtype.
-
-The projection and the cross-entropy are one custom-VJP function that works on logits laid out
-[vocab, slots]: in that layout every matmul of the backward pass (d embeddings = d logits @ y, d y =
-d logits^T @ E) needs no transposed copy of the [V, N] gradient, the bias gradient is a row
-reduction, and d logits = softmax - onehot is formed in one fused pass. Left to autodiff, the same
-math spent ~60% of a mini-BERT CPU step on transposes, a zero-filled scatter and an argmax.
+The vocabulary projection runs only on the `max_predictions` slots, never on every position, in float32
+log-softmax; projection + cross-entropy are one custom-VJP function over [vocab, slots] logits, so the
+backward pass needs no transposed copy (why: docs/design_notes.md#sparse_loss).
 """
 from __future__ import annotations
 
