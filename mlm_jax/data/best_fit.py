@@ -1,20 +1,8 @@
-"""Best-fit packing of documents into rows over a bounded window of open rows.
+"""Best-fit packing of documents into rows over a bounded window of open rows (both input paths).
 
-Both input paths pack `segmented` rows with it: the token store's packing index (store_index.py,
-offline, over every document of a source at once) and the streaming pipeline (pipeline.py, one
-tokenized group of documents at a time, the open rows carried from group to group).
-
-An item is a document or a chunk of one, BOS/EOS included (2 <= length <= seq_len). Each item
-goes into the open row with the least room that still fits it; ties go to the lowest slot, so
-the result depends only on the open rows' fills and the items, never on how the items were
-grouped into calls. An item that fits no open row opens a new one; when all `window` slots are
-taken, the fullest open row is closed first. A row left with room for less than the smallest
-item (2 tokens) is closed at once, so it does not hold a slot.
-
-Next-fit (one open row) leaves ~10-20 % of the slots as padding on short documents; best-fit
-with a window of a few hundred rows leaves ~1-3 % (Grain offers best-fit packing for the same
-reason). Lookups cost O(log distinct rooms): the open rows sit in heaps per room value and the
-room values in a sorted list, so a source of millions of documents packs in seconds.
+Each item goes into the open row with the least room that fits it, ties to the lowest slot, so the
+rows depend only on the items, never on how they were grouped into calls. Rules and padding figures:
+docs/design_notes.md#best_fit.
 """
 from __future__ import annotations
 

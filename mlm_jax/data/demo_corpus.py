@@ -1,10 +1,5 @@
-"""The demo's corpus: English prose that every Python install already has, so the demo needs no
-network and no ../shared.
-
-It is Python's own documentation: the language-reference topics behind `help()` (pydoc_data) and
-the docstrings of the standard library's modules, classes and functions, read from the .py sources
-with `ast` (nothing is imported or executed). One document per line, whitespace collapsed; the
-order is fixed, so every run sees the same corpus.
+"""The demo's corpus: Python's own documentation (pydoc topics and standard-library docstrings, read with
+`ast`), so the demo needs no network and no ../shared; one document per line, in a fixed order.
 """
 from __future__ import annotations
 

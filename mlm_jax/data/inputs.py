@@ -1,18 +1,8 @@
-"""The one place that makes a run's input: config + the objective's input kind -> batch iterator,
-and `LoopInput`, the iterator as the training loop reads it.
+"""The one place that makes a run's input (config + the objective's input kind -> batch iterator), and
+`LoopInput`, the iterator as the training loop reads it.
 
-An objective says which input it needs (`input_kind`); the config says where the text is:
-
-  input kind   data.sources      iterator
-  rows         store:DIR         store/loader.py StorePipeline: packed rows, O(1) resume
-  rows         text, TFDS, ...   text/stream.py Pipeline: streaming tf.data, resume replays
-  nsp_pairs    store:DIR         store/pairs.py PairPipeline(task='nsp'): one sentence pair a row
-  sop_pairs    store:DIR         store/pairs.py PairPipeline(task='sop')
-
-Every iterator yields this process's rows of each global batch as a dict of numpy int32 arrays
-(input_ids, segment_ids, positions, word_starts; pairs add token_type_ids and sentence_labels),
-and has get_state / set_state / rewind / stats. The text and store modules are imported only for
-the path a run takes: the streaming path costs a TensorFlow import that a store run never needs.
+`data.sources` picks the path (store:DIR or streaming text); only that path's modules are imported.
+Which iterator serves which input kind: docs/design_notes.md#inputs.
 """
 from __future__ import annotations
 

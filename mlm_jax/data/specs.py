@@ -1,14 +1,8 @@
 """Source specs: the strings that name a corpus in `data.sources` (`name=spec`), parsed.
 
-  GLOB[,GLOB...] | text:GLOB[,...]   text files; tsv:FIELD:GLOB[,...]   a column of TSV files
-  tfds:NAME[/CONFIG]:SPLIT[:FEATURE]  a prepared TFDS dataset;  tfrecord:GLOB[,...]  token ids
-  (text/sources.py says how each is read; store/pipeline.py parses `store:DIR[:SRC,...]`.)
-
-Both input paths read specs: the streaming path (text/sources.py) turns them into tf.data, prepare
-(store/prepare.py) into work units, tokenizer training into language groups; both mix several
-sources with the same weights (`mixing_weights`). This module is a
-leaf without TensorFlow at import, so the store path and config checks never pay TensorFlow's
-import and GPU setup for a string parse; only `list_files` imports it (gs:// globs).
+Text globs, `tsv:FIELD:GLOB`, `tfds:NAME[/CONFIG]:SPLIT[:FEATURE]`, `tfrecord:GLOB`; store/loader.py parses
+`store:DIR`. Both input paths read specs and mix with `mixing_weights`. A leaf without TensorFlow at
+import: only `list_files` imports it (gs:// globs).
 """
 from __future__ import annotations
 

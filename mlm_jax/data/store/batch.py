@@ -1,16 +1,8 @@
 """Packed rows of token stores -> batch arrays, in this process or in worker processes.
 
-`Assembler` turns rows given as (stream, packed row) into the batch dict with numpy gathers over
-all pieces of a stream at once: a Python step per document or piece cost more than reading it.
-
-`Workers` runs `store_workers` processes (`python -m mlm_jax.data.store.batch`), each with its own
-Assembler: the stores opened read-only, the packing indexes memory-mapped from the cache that the
-pipeline built. Reading records and writing them into a batch hold the GIL, so threads cannot
-use a second core; processes can (as Grain's and PyTorch DataLoader's workers do). They are plain
-subprocesses over pipes, not `multiprocessing`: its spawn start imports the parent's main module,
-the trainer with jax and TensorFlow, in every worker; these import numpy and array_record only.
-The parent picks the rows (pipeline.py, `_locate`), so a batch is the same whoever builds it.
-Messages are pickles between this process and the children it started, over their stdin/stdout.
+`Assembler` gathers a batch with numpy over whole streams; `Workers` runs `data.store_workers` plain
+subprocesses (`python -m mlm_jax.data.store.batch`, numpy and array_record only). The loader picks
+the rows, so a batch is the same whoever builds it. Why processes: docs/design_notes.md#batch.
 """
 import collections
 import concurrent.futures

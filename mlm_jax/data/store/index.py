@@ -1,24 +1,7 @@
 """Stateless order of a token store: permutations, packing index, alpha-mixing pattern.
 
-Everything here is a pure function of (store, data config, seed), so global row r of the
-training stream can be located in O(1) for any r, on any host, after any restart:
-
-* packing index, per (source, split, seq_len, packing, fit, seed): documents in a seeded order
-  packed into rows once. Row j is a list of pieces (document, start, length). `segmented`:
-  whole documents, each with BOS/EOS, a longer document split into chunks of seq_len-2 tokens
-  (its tail packed like a short document), packed by best-fit over a window of open rows
-  (best_fit.py; `data.packing_fit='best'`, O(documents x log rooms)) or by next-fit in the
-  seeded order ('next', the packing of indexes before version 2, O(documents)); `concat`: the
-  documents' BOS doc EOS stream cut every seq_len tokens (RoBERTa FULL-SENTENCES). Saved as .npy
-  files in a cache directory (stores may be read-only) and memory-mapped.
-* epochs: epoch e of a source with R rows visits its rows in the order of a stateless
-  permutation of [0, R) keyed by (seed, source, e) (`tf.random.experimental.index_shuffle`).
-  The packing is built once and the rows are reshuffled each epoch: every epoch has the same
-  row count, so locating row k needs no earlier epoch (a per-epoch repacking would need every
-  earlier epoch's row count, i.e. O(epochs x documents) work to resume).
-* alpha mixing: a fixed pattern of `MIX_BLOCK` rows holds source i exactly q_i times (largest
-  remainder of MIX_BLOCK * p_i, at least once), evenly interleaved; global row r is row
-  (r // MIX_BLOCK) * q_i + rank of source i's slot (r % MIX_BLOCK) in that source's stream.
+Everything is a pure function of (store, data config, seed), so global row r is located in O(1) for
+any r, on any host, after any restart. How each part does it: docs/design_notes.md#index.
 """
 import hashlib
 import json

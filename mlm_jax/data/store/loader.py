@@ -1,29 +1,8 @@
 """Training and eval batches from token stores, with an O(1) resumable state.
 
-  StorePipeline(data_config, batch_size_local, seed, process_index, process_count, split,
-                cache_dir=None) iterates the same batch dicts as the streaming path's Pipeline
-                (text/pipeline.py); data/input.py chooses between them.
-  store_tokenizer_path(data_config) -> the .model inside the store ('' for streaming sources).
-
-Source specs: `store:DIR` (every source of the store, named as in its manifest),
-`store:DIR:en,de` (some of them), `name=store:DIR` (names prefixed `name/`, or just `name` when
-one source is selected). Several entries, even of several stores, are mixed with
-p_i ∝ n_i^alpha (n_i = training tokens of the source, or `data.source_sizes`).
-
-Global row r of the train split is a pure function of (stores, data config, seed, r), see
-index.py. Global batch b of size G holds rows [b*G, (b+1)*G); process p of P reads only
-rows [b*G + p*G/P, b*G + (p+1)*G/P). The state is the number of global rows consumed plus
-fingerprints, so resuming costs the same at any step, on any process count, and under another
-global batch size. The eval split reads each source's held-out documents once, in order.
-
-This module decides which rows make a batch; batch.py writes them into arrays, here or in
-`data.store_workers` worker processes that build the next `data.prefetch` batches ahead.
-
-Curricula (`data.mix_alpha_schedule`, `data.source_start_steps`, see mlm_jax/config/curricula.py) split
-the row stream into phases at step boundaries (rows = step x global batch); each phase has its own
-fixed quota pattern, and a source's position at a phase start is the sum of what earlier phases
-took from it, so locating a row stays O(phases). The global batch size is then part of the
-state's fingerprint: phases are in steps.
+`StorePipeline` yields the batch dicts of the streaming path; global row r is a pure function of
+(stores, data config, seed, r) and process p reads only its rows, so the state is a row count and
+resume costs the same at any step and process count. Specs, curricula: docs/design_notes.md#loader.
 """
 import collections
 import concurrent.futures
@@ -103,8 +82,8 @@ class _Stream:
     """Source rows k (any epoch) -> packed row ids (stateless per-epoch permutation).
 
     The permutation is evaluated PERMUTE_BLOCK rows at a time and the last block kept: a batch's rows
-    of a source are near each other, and one TensorFlow op call costs ~0.5 ms however few rows it
-    permutes (most of a batch's assembly time before this cache).
+    of a source are near each other, and a TensorFlow op call costs the same however few rows it
+    permutes (docs/design_notes.md#loader).
     """
     if self.split == "eval":
       return k

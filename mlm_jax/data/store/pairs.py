@@ -1,30 +1,8 @@
 """Sentence pairs for next-sentence prediction (BERT) and sentence-order prediction (ALBERT).
 
-Sentences are the lines of a document of a token store (prepare with `--doc_format=blank_line`:
-the store keeps each document's line ends). A pair index is built once per (store, source,
-split, seq_len), cached and memory-mapped like the packing index: every document is cut into
-*chunks* of whole sentences that fill the token budget (greedily, as BERT's
-create_pretraining_data fills `target_seq_length`), each chunk of at least two sentences. A
-document of one sentence cannot be split into A and B: it is skipped and counted (`single_docs`).
-
-Row k of a source is chunk `perm_epoch(k)`, and everything random about the pair is drawn from a
-hash of (seed, source, epoch, chunk) — where A ends, the label, the other document and its first
-sentence, which side a truncation cuts — so a row is a pure function of its index and a resumed
-run (whose data state is the row count) sees the same pairs:
-
-  nsp  label 0: B is the rest of the chunk; label 1 (p = 0.5): B is taken from a random other
-       document, from a random sentence on, filling what A left of the budget;
-  sop  B is the rest of the chunk, and with p = 0.5 A and B are swapped (label 1).
-
-Label 0 is "in order" for both, as transformers' BertForPreTraining reads `next_sentence_label`.
-A pair longer than the budget is cut from its longer side (front or back at random), as BERT's
-truncate_seq_pair does. One pair per row, padded, never packed:
-
-  bert layout  [CLS] A [SEP] B [SEP]        token_type_ids 0 ... 0 1 ... 1
-  xlmr layout  <s> A </s></s> B </s>        token_type_ids 0 (RoBERTa / XLM-R have one type)
-
-Rows carry `sentence_labels` [B] besides the usual features; segment_ids are 1 on the pair and 0
-on padding, positions count from 0.
+Pairs come from the lines of token-store documents (`--doc_format=blank_line`); everything random about
+row k is a hash of (seed, source, epoch, chunk), so a resumed run sees the same pairs. One pair a row,
+padded, with `sentence_labels` (0 = in order). The recipe: docs/design_notes.md#pairs.
 """
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""Prepare once: text sources -> token store (see mlm_jax/data/store/shards.py for the format).
+"""Prepare once: text sources -> token store (the format: shards.py).
 
-Work is cut into units that depend only on the sources (one unit per input file; a TFDS split
-in `TFDS_UNITS` percent slices), never on the number of workers or tasks, and each unit's files
-are a pure function of its input and the options. So the store's bytes do not depend on
-`num_workers` / `num_tasks`, and a run killed at any point and run again gives the same bytes:
-
-* a unit writes its shards to temporary names, fsyncs and renames them, then writes its done
-  marker (`<unit>.json`) the same way; a unit with a done marker is never touched again;
-* the manifest is written last (by task 0 once every unit is done, or by `finalize`), so a
-  store without a manifest is visibly unfinished and is refused by the reader;
-* `prepare.json`, written first, pins the options, so a re-run with other sources or another
-  tokenizer into the same directory is a one-line error rather than a mixed store.
-
-The held-out split is decided here by the same stable hash as the streaming path's
-`eval_percent` (FarmHash of the document text, `text/sources.py:_holdout_keep`), so a corpus holds out
-the same documents on both paths.
+Work units depend only on the sources, and each unit's files only on its input and the options, so the
+store's bytes do not depend on workers or tasks and a killed run re-run gives the same bytes; the
+manifest is written last. How: docs/design_notes.md#prepare.
 """
 import dataclasses
 import itertools

@@ -1,30 +1,8 @@
 """Token store: the on-disk format of prepared documents, and its random-access reader.
 
-A store is a directory written once by `tools/prepare_data.py` (mlm_jax/data/store/prepare.py):
-
-  manifest.json                  format version, tokenizer (files, sha256, special ids), per
-                                 source its units, documents, tokens and shards; written last
-  tokenizer/                     the files of the tokenizer the documents were encoded with
-                                 (spm.model + spm.special_ids.json, or a transformers folder's
-                                 tokenizer.json / vocab.txt / ... with its config files), so
-                                 training needs no `data.tokenizer`
-  data/<source>/<unit>.train.arrayrecord   training documents of one work unit (input file)
-  data/<source>/<unit>.eval.arrayrecord    its held-out documents (stable hash of the text)
-  data/<source>/<unit>.lens.npy  int32 token counts: train documents, then eval documents
-  data/<source>/<unit>.json      the unit's done marker: counts, repair stats, file sizes, sha256
-
-Shards are ArrayRecord files (the random-access format of TFDS and Grain) with one document
-per record and one record per chunk (`group_size:1`), so reading a document decompresses only
-that document. A record is a fixed little-endian layout built with numpy (no pickle):
-
-  uint32[4] header  (MAGIC, number of tokens n, number of lines m, bytes per token id)
-  ids               n token ids (uint16 when the vocabulary fits, else uint32), no BOS/EOS
-  word starts       ceil(n / 8) bytes of np.packbits flags (1 = the token starts a word)
-  line ends         m uint32 token offsets where each input line (sentence) ends
-
-The `.lens.npy` files let the packing index be built from token counts alone, without reading
-a single record. Riegeli's chunk hashes catch flipped bits on read; the sizes in the manifest
-catch truncated shards on open (a truncated ArrayRecord file otherwise opens as empty).
+A store is written once (prepare.py): manifest.json last, the tokenizer's files, and per source and
+unit ArrayRecord shards with one document a record (no pickle) plus its token counts (.lens.npy).
+The layout and the reader's options: docs/design_notes.md#shards.
 """
 import dataclasses
 import hashlib
@@ -40,13 +18,13 @@ from mlm_jax.errors import DataError
 
 FORMAT_VERSION = 1
 MAGIC = 0x4D4C4D44  # "DMLM"
-# One record per chunk (reading a document decompresses only it), zstd: riegeli's default brotli
-# costs ~2.5x more per random read of these small records, for the same size on disk. Readers take
-# any compression, so stores written with brotli stay readable.
+# One record per chunk (reading a document decompresses only it), zstd: cheaper per random read of
+# these small records than riegeli's default brotli (docs/design_notes.md#shards). Readers take any
+# compression, so stores written with brotli stay readable.
 WRITER_OPTIONS = "group_size:1,zstd:3"
 # Random access, one record at a time with seek + read: the default 16 MiB readahead would read
 # ahead of each record for nothing, and read([indices]) hands every call to a thread pool whose
-# wake-ups cost more than the reads (~8 us a record against ~4 us).
+# wake-ups cost more than the reads (docs/design_notes.md#shards).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 READER_BUFFER = 4096
 SPLITS = ("train", "eval")

@@ -1,18 +1,7 @@
 """Plain-Python reading of text sources for prepare: files -> cleaned documents, bounded memory.
 
-The same cleaning as the streaming path (mlm_jax/data/text/sources.py), without TensorFlow in the
-loop: UTF-8 repaired (U+FFFD) and counted, BOM and CR removed, TSV column picked, blank lines
-skipped, blank-line blocks cut at `specs.MAX_BLOCK_CHARS`. Two repairs the streaming path
-shares through `data.max_line_bytes` and `data.strict`:
-
-* a line is read at most `max_line_bytes` at a time (readline's limit), so a 10 MB line of
-  base64 never sits whole in memory or reaches the tokenizer: text lines are cut into pieces
-  that are documents (lines) of their own; a TSV line keeps the column from its first piece.
-  Cut points step back to a UTF-8 character boundary. Counted as `long_lines_cut`.
-* a truncated .gz (no end-of-stream marker) is warned about once, naming the file, and counted
-  as `truncated_files`; its readable part is kept.
-
-`strict=True` makes any of these repairs (and invalid UTF-8, empty files) a DataError instead.
+The streaming path's cleaning (text/sources.py) without TensorFlow: repairs are counted, and with
+`strict=True` (data.strict) any of them is a DataError. What it repairs: docs/design_notes.md#text_reader.
 """
 import gzip
 import io

@@ -1,12 +1,8 @@
 """Streaming packing: tokenized documents -> fixed-length rows, inside the tf.data graph.
 
-`segmented` rows hold whole documents (or chunks of at most seq_len - 2 tokens of a longer one),
-each wrapped in BOS/EOS, numbered by segment id, positions restarting at each: with
-`data.packing_fit='best'` by best fit over `data.packing_window` open rows carried from one
-tokenized batch of documents to the next (a tf.data scan; the placement is best_fit.Window in a
-numpy_function), with 'next' by next fit within each tokenized batch (a stateless, parallel map:
-the packing of runs started before best fit, which resume onto the same rows). `concat` rows are
-RoBERTa's FULL-SENTENCES stream, the open row carried across batches (a tf.data scan).
+`segmented` rows (whole documents or chunks, each in BOS/EOS, numbered by segment id) by best fit over
+`data.packing_window` rows carried across batches, or by next fit within a batch; `concat` rows are
+RoBERTa's FULL-SENTENCES stream. Details: docs/design_notes.md#packing.
 """
 import functools
 
@@ -24,8 +20,8 @@ def _as_written(fn):
   """`fn` for Dataset.map, traced without autograph.
 
   The tokenize-and-pack functions are graph code already (tf.while_loop, no Python branches on
-  tensors); autograph's rewrite of them and of the tokenizer cost ~1.3 s of every pipeline's
-  construction (demo config, 2-core VM), twice at the start of every training run.
+  tensors); autograph's rewrite of them and of the tokenizer only cost start-up time
+  (docs/design_notes.md#packing).
   """
   return tf.autograph.experimental.do_not_convert(fn)
 
@@ -82,7 +78,7 @@ class Packer:
     """Next-fit packing of whole documents (chunks) into rows, one batch of documents at a time.
 
     Each tokenized batch is packed on its own (a parallel, stateless map), so only its last row
-    can be short: ~1 % fill for stateless parallelism, which a sequential carry would forbid.
+    can be short: a little fill traded for stateless parallelism (docs/design_notes.md#packing).
     """
     del finite  # every batch is flushed: nothing is ever left over
     s = self.seq_len

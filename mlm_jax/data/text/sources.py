@@ -1,33 +1,8 @@
 """Document sources: text files, TFDS datasets and TFRecords -> tf.data of documents, per host.
 
-A source is named by a spec string (in `config.data.sources` as `name=spec`):
-
-  GLOB[,GLOB...]            text files (local or any tf.io.gfile path, e.g. gs://), `*.gz` read
-  text:GLOB[,GLOB...]         as gzip; one document per line or per blank-line-separated block
-  tsv:FIELD:GLOB[,GLOB...]  tab-separated text files; column FIELD (0-based) is the text
-                            (Leipzig corpora: `tsv:1:...`, Tatoeba exports: `tsv:2:...`)
-  tfds:NAME[/CONFIG]:SPLIT[:FEATURE]
-                            a prepared TFDS dataset read with `tfds.builder(...).as_dataset`
-                            from `config.data.tfds_data_dir`; FEATURE defaults to `text`
-  tfrecord:GLOB[,GLOB...]   tf.train.Examples of pre-tokenized documents (int64 `input_ids`,
-                            no special tokens)
-
-Text and TFDS sources yield tf.string documents (valid UTF-8, no BOM, no CR); TFRecord sources
-yield int32 token ids. Each host reads a disjoint part (by file when there are at least as many
-files as hosts, else by document; TFDS by even split slicing), and the parts of all hosts
-together are the whole corpus, so no document is trained on twice per epoch.
-
-Bad input is reported in one line naming the file or spec (`DataError`); empty files, empty
-documents and lines with invalid UTF-8 (replaced by U+FFFD) are skipped or repaired and counted
-in `Stats`, never fatal: a 10 TB crawl always has a few of those. Two more repairs bound what
-hostile input can cost:
-* lines longer than `data.max_line_bytes` are cut into pieces of that size (a dropped partial
-  character at each cut) before tokenization: a 10 MB line of minified JSON would otherwise
-  reach sentencepiece whole, whose lattice needs gigabytes for it (`long_lines_cut`);
-* a truncated .gz (which tf.data reads silently up to the damage) is checked once per process
-  after its last line, warned about naming the file and counted (`truncated_files`).
-`Stats(strict=True)` (`data.strict`) turns every repair or skip, except blank documents and the
-splitting of long documents into rows, into an error naming the file.
+Hosts read disjoint parts that together are the whole corpus. Bad input is one DataError line naming
+the file; invalid UTF-8, empty or truncated files and over-long lines are repaired and counted in
+`Stats` (errors with `data.strict`). Spec syntax and repairs: docs/design_notes.md#sources.
 """
 import dataclasses
 import gzip

@@ -1,40 +1,8 @@
 """tf.data pipeline: documents -> tokenizer -> packed rows -> mixed, batched, resumable.
 
-Public interface:
-
-  Pipeline(data_config, tokenizer, batch_size, seed, process_index=0, process_count=1,
-           split='train')
-    data_config: `config.data` (see mlm_jax/config/defaults.py); tokenizer: a `Tokenizer` or a
-    path `tokenizers.load.load` accepts; batch_size: per host. Iterating yields dicts of numpy int32 arrays of
-    shape [batch_size, seq_len]:
-      input_ids    tokens; padding = tokenizer.pad_id
-      segment_ids  0 on padding; segmented: documents of a row numbered 1, 2, ...; concat: 1
-      positions    segmented: 0.. restarting at each document; concat: 0..seq_len-1; 0 on padding
-      word_starts  1 on a piece that starts a word (`Tokenizer.word_start_table`: '▁' for
-                   sentencepiece, no '##' for WordPiece, 'Ġ' for byte-level BPE), on every special
-                   token and on the first token of a document (of a chunk of a split document, of
-                   a concat row); else 0
-    Every document (or chunk of at most seq_len-2 tokens of a longer one) is wrapped in BOS/EOS.
-    split='train': sources repeated forever, shuffled with `seed`, mixed with p_i ∝ n_i^alpha.
-    split='eval': `eval_sources` (or the hash-held-out `eval_percent` % of `sources`), in order,
-    once; the last batch is filled up with padding rows, so shapes never change.
-    get_state() -> {'batches': int, ...} (small, JSON-able); set_state(state) resumes so the
-    following batches are exactly those an uninterrupted run would have produced.
-    stats() -> counts of skipped / repaired input.
-
-  build_dataset(...) -> tf.data.Dataset of those batches (optionally with a per-row `source`
-    index), for tools and tests.
-
-Tokenization is one call per batch of `tokenize_batch` documents: in-graph tensorflow_text for
-sentencepiece, Hugging Face `tokenizers` in a `tf.numpy_function` for WordPiece and byte-level BPE
-(mlm_jax/data/tokenizers/hf_tokenizers.py says why).
-
-Packing into rows (segmented best fit or next fit, concat) is packing.py's.
-
-Resume works by replaying: the stream is a pure function of (config, seed, host), so the
-restored iterator skips the `batches` already consumed inside tf.data (C++, no Python per
-batch), at the pipeline's own speed. That keeps the checkpointed state a few bytes instead of
-megabytes of shuffle buffers, at the cost of restore time proportional to the run so far.
+`Pipeline(data_config, tokenizer, batch_size, seed, ...)` yields this host's int32 [batch, seq_len]
+arrays (input_ids, segment_ids, positions, word_starts); its state is a batch count and resume replays
+the stream to it, exactly. The full interface: docs/design_notes.md#stream.
 """
 import atexit
 import hashlib
@@ -230,7 +198,7 @@ def _input_error(message: str) -> str:
 
 
 class Pipeline:
-  """Iterator of host-local batches with an exact, tiny resumable state. See module docstring."""
+  """Iterator of host-local batches with an exact, tiny resumable state (docs/design_notes.md#stream)."""
 
   def __init__(self, data_config, tokenizer: Union[tokenizer_base.Tokenizer, str],
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,

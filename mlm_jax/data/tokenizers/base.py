@@ -1,28 +1,8 @@
 """The tokenizer interface: what every consumer may ask of a tokenizer, whatever its family.
 
-Every consumer (the tf.data pipeline, prepare, fine-tuning features, the conversion, fill-mask
-and evaluation tools) gets a `Tokenizer` from `load.load(path)`, so special ids and the
-word-start rule are decided in exactly one place per family:
-
-* sentencepiece (`spm.py`): a `.model` file, its special ids in the JSON written next to it at
-  training time (`<prefix>.special_ids.json`) or inferred from its pieces. Word starts: pieces
-  beginning with `▁`. Tokenized in-graph by tensorflow_text on the streaming path.
-* WordPiece (BERT) and byte-level BPE (RoBERTa / GPT-2) (`hf.py`): a transformers folder's
-  `tokenizer.json` (or `vocab.txt`, or `vocab.json` + `merges.txt`) run by Hugging Face
-  `tokenizers` itself, special tokens from `tokenizer_config.json` / `special_tokens_map.json`.
-  Word starts: pieces without the `##` continuation prefix (WordPiece), pieces beginning with
-  `Ġ` and the piece after a whitespace piece such as a tab (byte-level BPE, `after_space_table`);
-  the first piece of a document or line is a word start for every family.
-
-Two special-token layouts, which decide how sentence pairs are joined (tasks/features.py):
-
-* `xlmr` (also RoBERTa): `<s> A </s></s> B </s>`. Our sentencepiece models: `<s>`=0, `<pad>`=1,
-  `</s>`=2, `<unk>`=3, ..., `<mask>`=vocab_size-1 (train.py says why it is last).
-* `bert`: `[CLS] A [SEP] B [SEP]`; our sentencepiece models: `[PAD]`=0, `[UNK]`=1, `[CLS]`=2,
-  `[SEP]`=3, `[MASK]`=4. `bos_id`/`eos_id` mean CLS/SEP in this layout.
-
-This module is the leaf the families import (it imports none of them); load.py imports the
-families and chooses one.
+Every consumer gets a `Tokenizer` from `load.load(path)`, so special ids, the word-start rule and the
+layout (`xlmr`: <s> A </s></s> B </s>; `bert`: [CLS] A [SEP] B [SEP]) are decided once per family.
+A leaf: the families import it, it imports none. Ids and rules: docs/design_notes.md#base.
 """
 from __future__ import annotations
 

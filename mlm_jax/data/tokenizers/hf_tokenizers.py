@@ -1,33 +1,8 @@
 """WordPiece (BERT) and byte-level BPE (RoBERTa / GPT-2) tokenizers, run by Hugging Face `tokenizers`.
 
-Why `tokenizers` itself rather than tensorflow_text's FastWordpieceTokenizer behind a normalizer
-rebuilt in TF ops: ids must equal `transformers.AutoTokenizer`'s, and AutoTokenizer *is* this
-library reading the same `tokenizer.json`. BertNormalizer's details (clean_text dropping U+FFFD
-and control/format characters, spaces around CJK ideographs, NFD + removing Mn marks, Rust's
-per-character lowercasing, which differs from both ICU case folding and Python's `str.lower` on
-final sigma, dotted I, ß...) and BertPreTokenizer's punctuation classes would all have to be
-re-derived in TF string ops and could only be tested, never guaranteed, equal; here they are
-equal by construction, for WordPiece and byte-level BPE with one code path. The price is speed
-on the streaming path: tokenization runs in a `tf.numpy_function` (Python, holding the GIL while
-it converts strings) instead of in-graph C++. `tokenizers` encodes a batch on its own Rust thread
-pool with the GIL released, and the long runs use prepare's token store, which tokenizes once
-(docs/tokenizers.md, for the measured tokens/s of both paths).
-
-Files: a `tokenizer.json` (preferred, what AutoTokenizer uses), or `vocab.txt` (WordPiece, built
-with the BertNormalizer options of `tokenizer_config.json`: do_lower_case, strip_accents,
-tokenize_chinese_chars), or `vocab.json` + `merges.txt` (byte-level BPE, add_prefix_space from
-`tokenizer_config.json`). Special tokens come from `tokenizer_config.json` /
-`special_tokens_map.json` next to the file (cls/sep, else bos/eos; pad, unk, mask), falling back to
-the usual names found in the vocabulary. Layout: `bert` when sentence pairs are joined with one
-separator (`[CLS] A [SEP] B [SEP]`, from the post-processor of tokenizer.json), `xlmr` for
-`<s> A </s></s> B </s>`. Any truncation or padding stored in tokenizer.json is switched off: the
-pipeline packs and pads itself.
-
-Word starts: WordPiece pieces that do not begin with the `##` continuation prefix; byte-level BPE
-pieces that begin with `Ġ` (an encoded space) and are not whitespace only, and the piece after
-one that ends in whitespace (a tab 'ĉ' or newline 'Ċ' piece: the word after it has no `Ġ`,
-`after_space_table`). RoBERTa's first word of a line has no `Ġ` either: the pipeline and prepare
-mark the first token of every document and line as a word start.
+The library AutoTokenizer itself runs, so ids equal transformers' by construction (at the price of a
+tf.numpy_function on the streaming path); read from tokenizer.json, vocab.txt or vocab.json + merges.txt
+with their special tokens. Why, and the word-start rules: docs/design_notes.md#hf_tokenizers.
 """
 import dataclasses
 import itertools

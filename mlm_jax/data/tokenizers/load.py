@@ -1,9 +1,8 @@
 """`load(path)`: the tokenizer at a path, of whichever family its files say.
 
-`load` accepts a `.model`, a `tokenizer.json`, a `vocab.txt`, or a folder holding one of them:
-our `spm.model` first, then XLM-R's fairseq `sentencepiece.bpe.model` (converted to our id order),
-then `tokenizer.json` (what AutoTokenizer uses), then `vocab.txt`, then `vocab.json` + `merges.txt`.
-The families (spm.py, hf.py) import only the interface (base.py); this module imports them.
+A `.model`, a `tokenizer.json`, a `vocab.txt`, or a folder holding one, tried in the order spm.model,
+sentencepiece.bpe.model (XLM-R's, converted to our id order), tokenizer.json, vocab.txt, vocab.json +
+merges.txt. The families (spm.py, hf_tokenizers.py) import only base.py; this module imports them.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The sentencepiece family: a `.model` file (ours, or XLM-R's fairseq `sentencepiece.bpe.model`).
 
-Special ids come from the JSON written next to the model at training time
-(`<prefix>.special_ids.json`), or, for a model trained elsewhere, from its pieces. Word starts
-are the pieces that begin with `▁`, plus control and unknown pieces. The streaming pipeline runs
-the same model in-graph (tensorflow_text's SentencepieceTokenizer), so it needs no Python per batch.
+Special ids come from the `<prefix>.special_ids.json` written at training time, or from the pieces;
+word starts are pieces beginning with `▁` (and control and unknown pieces). The streaming pipeline
+runs the same model in-graph (tensorflow_text), with no Python per batch.
 """
 import dataclasses
 import json

@@ -1,15 +1,8 @@
 """Sentencepiece training with language-balanced sampling, in our special-token layouts.
 
-Multilingual sampling (`train`): corpora are grouped into languages; each language i with n_i
-lines gets a share q_i = n_i^alpha / sum_j n_j^alpha of the sentences fed to the trainer (XLM-R
-uses alpha=0.3), upsampling small languages with repetition, so that they get a fair part of
-the vocabulary instead of being drowned by the largest one.
-
-Layouts (base.py): SentencePiece puts user/control symbols right after its reserved ids, so
-XLM-R's `<mask>` cannot be made last by a trainer flag: we train vocab_size-1 pieces and append
-`<mask>` to the ModelProto as a CONTROL piece (control pieces are never produced from text, in
-the Python processor and in tensorflow_text alike). The bert layout's `[MASK]` is a control
-symbol at id 4.
+Language i with n_i lines gets a share q_i ∝ n_i^alpha of the trainer's sentences (XLM-R: 0.3); the
+xlmr layout's `<mask>` is appended last as a CONTROL piece, the bert layout's `[MASK]` is id 4.
+Why: docs/design_notes.md#spm_training.
 """
 from __future__ import annotations
 
