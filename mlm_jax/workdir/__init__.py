@@ -1,1 +1,1 @@
-"""workdir"""
+"""A run's workdir: orbax checkpoints, config.json and the tokenizer, restored parameters, metrics logs."""

@@ -1,16 +1,8 @@
 """Checkpoints: orbax CheckpointManager under WORKDIR/checkpoints.
 
-Each checkpoint holds the whole TrainState (params, AdamW moments, step, skipped-update count) and
-the data iterator's position, so a restored run continues the same data stream with the same
-masks. Saves are asynchronous and atomic (orbax writes to a temporary directory and renames it
-when complete), so a process killed mid-save leaves the previous checkpoint restorable.
-
-Before restoring, every array's shape in the checkpoint is compared with what the config builds,
-so a checkpoint of another model fails with one line naming the parameter, not an orbax traceback,
-and nothing on disk is touched.
-
-`restore_params` reads parameters alone (for init_from, conversion, inference, on any device
-layout). What a workdir holds besides checkpoints (config.json, tokenizer) is read by workdir.py.
+A checkpoint holds the whole TrainState and the data iterator's position, saved asynchronously and
+atomically; shapes are checked against the config before restoring, one line naming the parameter.
+`restore_params` reads parameters alone; config.json and the tokenizer are files.py's.
 """
 from __future__ import annotations
 
@@ -38,10 +30,9 @@ def _whole_shards_in_one_process() -> None:
 
   orbax splits a replicated array among its replicas so that several hosts share the writing. In one
   process every replica is local, so the split buys nothing and costs an eagerly jitted slice per
-  array, replica and shape at the first save of the process: 96 compiles, ~4 s, for a 2-layer model on
-  8 CPU devices; far more for BERT-base on a TPU host. The files are the same kind either way (the
-  array metadata store is kept), and restoring does not depend on it. Multi-process runs keep
-  orbax's default. The handler is orbax's global one for jax.Array: this is process-wide, as the
+  array, replica and shape at the first save of the process (docs/design_notes.md#checkpoints). The
+  files are the same kind either way (the array metadata store is kept), and restoring does not
+  depend on it. Multi-process runs keep orbax's default. The handler is orbax's global one for jax.Array: this is process-wide, as the
   condition is (the first Checkpointer comes after jax.distributed is initialized)."""
   if jax.process_count() != 1:
     return

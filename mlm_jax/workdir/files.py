@@ -1,8 +1,8 @@
-"""A workdir's files besides its checkpoints: creating it, writing and reading config.json (with the
-one migration of older files), finding and loading its tokenizer.
+"""A workdir's files besides its checkpoints: creating it, writing and reading config.json, finding and
+loading its tokenizer.
 
-config.json is completed once, here, when it is read (`migrate`): fields that later versions added
-get the value that older runs meant, so every other module can read any field of any config.
+config.json is completed once, here, when it is read (`migrate`): fields that later versions added get
+the value that older runs meant, so every other module can read any field of any config.
 """
 from __future__ import annotations
 
