@@ -1,14 +1,8 @@
-"""Weight-name mapping between mlm_jax's Encoder and Hugging Face BERT / RoBERTa / XLM-R masked LMs.
+"""Weight-name mapping between our Encoder and Hugging Face BERT / RoBERTa / XLM-R masked LMs.
 
-ModernBERT, whose checkpoint fuses projections that we keep apart, has its own module
-(convert/modernbert.py); the functions here hand `arch='modernbert'` to it.
-
-One table says where every tensor goes; both directions use it, so HF -> ours -> HF is exact by
-construction and the parity tests (tests/test_model_hf_parity.py) check the arithmetic.
-
-Our parameters are addressed by dotted paths ("layers.3.attention.q_kernel"); HF tensors by their
-state-dict names, as numpy arrays in PyTorch layout (Linear weights are [out, in]). A model with
-`scan_layers` is converted through the unscanned names (mlm_jax/model/scan_layout.py).
+One table (`mapping`) serves both directions, so HF -> ours -> HF is exact by construction; a scanned
+model converts through the unscanned names. ModernBERT has its own module (modernbert.py), to which
+the functions here hand `arch='modernbert'`. Details: docs/design_notes.md#bert.
 """
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ import numpy as np
 import ml_collections
 
 from mlm_jax.model import scan_layout
-from mlm_jax.model.tree_paths import fill, flatten, path_name  # noqa: F401  (hf.flatten / hf.fill: the converters' names)
+from mlm_jax.model.tree_paths import fill, flatten, path_name  # noqa: F401  (bert.flatten / bert.fill: the converters' names)
 from mlm_jax.convert import modernbert
 from mlm_jax.errors import ConversionError
 

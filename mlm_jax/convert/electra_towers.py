@@ -1,14 +1,8 @@
 """ELECTRA pair <-> transformers: the discriminator as `ElectraForPreTraining`, the generator as
 `ElectraForMaskedLM`.
 
-`to_hf(workdir, out)` writes OUT/discriminator and OUT/generator, each a complete transformers folder
-(config.json, model.safetensors, tokenizer files); the shared embedding tables, and the shared
-embedding LayerNorm (`electra.share_embedding_norm`), are written into both (transformers' two
-models each own a copy). The Transformer layers and embeddings use the BERT rows
-of hf.mapping under the `electra.` prefix; only the embedding projection and the two heads are
-ELECTRA's own. The other direction (`params_from_hf`) reads either folder back as one Encoder: the
-generator with its MLM head (fill_mask), the discriminator without (fine-tuning starts from it);
-a tower read back owns its embedding LayerNorm, as any Encoder does.
+`to_hf` writes OUT/discriminator and OUT/generator, each a complete folder with the shared embeddings
+copied into both; `params_from_hf` reads either back as one Encoder. docs/design_notes.md#electra_towers.
 """
 from __future__ import annotations
 
@@ -126,7 +120,7 @@ def restore_pair(workdir: str, step: int | None = None):
 
 def to_hf(workdir: str, out: str, step: int | None = None) -> dict:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM); `out` is checked
-  by the caller (checkpoint_io.to_hf, through the objective's `to_hf`)."""
+  by the caller (folders.to_hf, through the objective's `to_hf`)."""
   from safetensors.numpy import save_file
   config, params, step = restore_pair(workdir, step)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), config.model.vocab_size)

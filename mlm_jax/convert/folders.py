@@ -1,24 +1,8 @@
 """Whole-folder conversion: a training workdir <-> a Hugging Face transformers masked-LM folder.
 
-`hf.py` maps tensors; this module reads and writes the folders around them:
-
-* `to_hf(workdir, out)`: WORKDIR/config.json + WORKDIR/checkpoints/<step> + the run's tokenizer ->
-  config.json, model.safetensors (never pickle) and tokenizer files that
-  `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained` load: a sentencepiece model as the
-  tokenizer.json hf_tokenizer.py builds from it, a WordPiece / byte-level BPE tokenizer as the
-  original files it was loaded from (tokenizer.json, vocab files, tokenizer_config.json, ...). Parameters are restored onto one
-  device whatever mesh wrote them, so a pod checkpoint converts on a laptop CPU.
-* `from_hf(hf_dir, out)`: an HF BERT / RoBERTa / XLM-R / ModernBERT masked LM (safetensors, or a
-  pytorch_model.bin read with `torch.load(weights_only=True)`) -> OUT/config.json, an orbax
-  checkpoint at OUT/checkpoints/0 whose 'state' item has our `params` subtree (what
-  `config.init_from` / `workdir.restore_params_for` reads) and OUT/tokenizer/ with the folder's
-  tokenizer: spm.model for a sentencepiece model (ours, or XLM-R's fairseq one in our id order),
-  the folder's own tokenizer files for WordPiece (BERT) and byte-level BPE (RoBERTa).
-
-Everything is read, converted and checked in memory before the first byte is written, and an
-existing non-empty output folder is refused unless `overwrite`, so a failed conversion never
-leaves a half-written folder or clobbers one. Errors are `ConversionError`s with one line naming
-the file, tensor or value.
+`to_hf` and `from_hf` around the tensor maps (bert.py, modernbert.py), tokenizers included. Everything
+is read, converted and checked in memory before the first byte is written, and a non-empty output is
+refused unless `overwrite`. What each folder holds: docs/design_notes.md#folders.
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """ModernBERT (transformers' ModernBertForMaskedLM) <-> our Encoder: the config and every tensor.
 
-ModernBERT is our pre-LN encoder with its structure switches set (mlm_jax/model/encoder.py): embedding and
-final LayerNorms, no attention norm in layer 0, rotary positions with a global and a local theta,
-GeGLU, a global attention layer every N layers with sliding windows between, and the bias switches
-(attention_bias, mlp_bias, norm_bias, classifier_bias) of its config.
-
-Its checkpoint fuses two projections that we keep apart (so that each carries its own logical axes
-and the same code serves BERT): `attn.Wqkv` [3 H, H] holds the q, k and v rows in that order, each
-heads-major ([n, d], as its `view(..., 3, n, d)` reads them), and `mlp.Wi` [2 F, H] holds the GeGLU
-input rows then the gate rows (`input, gate = Wi(x).chunk(2)`; out = Wo(GELU(input) * gate)). The
-import splits them, the export joins them, so HF -> ours -> HF is exact.
-
-Both config.json spellings are read: transformers >= 5 (`layer_types`, `rope_parameters`) and the
-released checkpoints' (`global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`); the
-export writes both, so older and newer transformers load it.
+ModernBERT is our pre-LN encoder with its switches set; its fused `attn.Wqkv` and `mlp.Wi` are split on
+import and joined on export, so HF -> ours -> HF is exact, and both config.json spellings (transformers
+< 5 and >= 5) are read and written. Details: docs/design_notes.md#modernbert.
 """
 from __future__ import annotations
 

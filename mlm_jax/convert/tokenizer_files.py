@@ -1,21 +1,8 @@
 """Our sentencepiece tokenizer as Hugging Face tokenizer files that give exactly our ids.
 
-transformers' own sentencepiece classes cannot be handed our .model: XLMRobertaTokenizer assumes
-fairseq's vocabulary (sentencepiece id + 1, its own ids for <s> <pad> </s> <unk> <mask>) and
-BertTokenizer wants a WordPiece vocab.txt. So we describe the sentencepiece model itself to the
-`tokenizers` library - the same pieces and scores in our id order, sentencepiece's normalizer
-(its precompiled NFKC character map, collapsed and stripped whitespace), the '▁' word prefix,
-byte fallback - write it as tokenizer.json, and name the generic fast tokenizer class in
-tokenizer_config.json, which takes tokenizer.json as it is.
-
-Special tokens are "added tokens": they are matched in the raw text before anything else, so
-"<mask>" (or "[MASK]") in a sentence becomes the mask id, as in our fill-mask tool, which splits
-the text on the mask string and encodes the pieces between separately. Each piece between added
-tokens is normalized on its own and gets its own word prefix - which is what encoding the pieces
-separately with sentencepiece does.
-
-The sentencepiece model is copied next to the files (`spm.model` and its special-ids JSON) so that
-`from_hf` can bring the tokenizer back unchanged.
+The model is described to `tokenizers` as tokenizer.json (pieces and scores in our id order, its
+normalizer, byte fallback), special tokens as added tokens; spm.model is copied beside it so `from_hf`
+brings it back unchanged. Why not transformers' own classes: docs/design_notes.md#tokenizer_files.
 """
 from __future__ import annotations
 
