@@ -1,23 +1,8 @@
 """Ahead-of-time compile of the train step for a TPU topology, from any host: will it fit, how fast?
 
-libtpu (the `[tpu]` extra) describes TPU slices that are not attached
-(`jax.experimental.topologies.get_topology_desc`), so XLA's TPU compiler can compile the *exact*
-train step of `step.make_trainer` -- same function, same sharding rules, a mesh from `config.mesh`
-over the slice's devices -- from abstract inputs (ShapeDtypeStructs carrying their shardings).
-No parameter is ever materialized: `trainer.init` is only traced by `jax.eval_shape`.
-
-The compiled program answers two planning questions per device:
-  memory  arguments (params + optimizer state + batch), outputs (aliased to the donated state),
-          temporaries (activations, gradients) and code, against the chip's HBM;
-  speed   XLA's FLOPs and its cost model's `optimal_seconds` for one step, beside flops.py's model
-          FLOPs, and the MFU that time would imply (an upper bound: real steps are slower). Pallas
-          kernels (splash attention) carry no cost estimate, so for splash rows XLA's FLOPs miss
-          the attention and no optimal time or MFU bound is quoted: their evidence is memory and fit.
-
-XLA's cost analysis of an SPMD program is per device, so everything here is per device; model
-FLOPs are the global count divided by the number of devices. A "device" is a chip except on v4,
-whose compile-only topologies expose each of the two TensorCores of a chip as a device (HBM and
-peak are split between them accordingly).
+With libtpu, XLA's TPU compiler compiles the exact step of `trainer.make_trainer` over a described,
+unattached slice from abstract inputs (no parameter is materialized) and reports per device memory
+against HBM and a cost-model step time. What the figures mean: docs/design_notes.md#aot.
 """
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
 """The one training loop: pretraining, fine-tuning and every objective end here.
 
-It owns what every run needs and nothing an objective decides:
-- start: restore the latest checkpoint (state + input position + the evaluator's progress), or
-  start fresh; cut metrics.jsonl back to the restored step;
-- each step: a batch from the input, the jitted train step, metric sums kept on device;
-- every `log_every` steps one host sync: the objective's rates (loss, accuracy, ...) plus learning
-  rate, gradient norm, tokens/s, examples/s, MFU, the time spent waiting for input, ETA and skipped
-  non-finite updates, to the console, metrics.jsonl and TensorBoard. Padding is not work: the
-  console's tok/s and MFU count real tokens (segment_ids > 0, summed on device by the step), and
-  `real_fraction` is their share of the batch's slots (`tokens_per_sec` in metrics.jsonl: slots);
-- every `eval_every` steps (and at the end) the evaluator; with `best_metric`, the best parameters
-  so far in WORKDIR/best; every `probe_every` steps (and at the end) the probe, when there is one
-  (pretraining: linear probes of the frozen encoder, probe.py); both also before the first step
-  with `eval_at_start`;
-- every `save_every` steps (and at the end, and on SIGTERM) an async checkpoint with the input's
-  position, never of a non-finite state;
-- SIGTERM: finish the step, save, exit 0. A watchdog ends a run stuck (in input, typically) for
-  `train.sigterm_timeout_s` after SIGTERM, saving nothing newer than the last complete step.
+It owns what every run needs and nothing an objective decides: restore or start, the step, logging
+with one host sync per `log_every`, evaluation and probes, checkpoints with the input's position,
+and SIGTERM (save at the step boundary, exit 0). What each cadence does: docs/design_notes.md#loop.
 """
 from __future__ import annotations
 
@@ -76,7 +62,7 @@ class _Best:
 
 @dataclasses.dataclass
 class Loop:
-  trainer: Any                           # step.Trainer
+  trainer: Any                           # trainer.Trainer
   workdir: str
   input: Input
   evaluate: Evaluator | None

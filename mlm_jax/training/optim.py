@@ -1,16 +1,8 @@
 """AdamW as BERT/RoBERTa train it: warmup, then linear or cosine decay; no decay on biases or norms.
 
-Also ModernBERT's recipe: a warmup-stable-decay schedule (`schedule='wsd'`) and update clipping
-(`update_clip_rms`), the nearest optax equivalent of StableAdamW.
-
-StableAdamW (Wortsman et al., 2023, arXiv:2304.13013) is AdamW with AdaFactor's update clipping:
-each tensor's learning rate is divided by max(1, RMS(g_t / sqrt(v_t))). optax has no such
-optimizer; the nearest is to clip each tensor's Adam direction m_hat / (sqrt(v_hat) + eps) to an
-RMS of at most `update_clip_rms` (optax.clip_by_block_rms's rule), before weight decay and the
-learning rate. It is not identical: the RMS is that of the update (first moment over second)
-rather than of the current gradient over the second moment, and the decoupled weight decay is not
-scaled down with it. Per tensor means per layer for scanned (stacked) parameters too, so the
-result does not depend on `model.scan_layers`.
+Also ModernBERT's recipe: a warmup-stable-decay schedule (`schedule='wsd'`) and per-tensor update
+clipping (`update_clip_rms`), the nearest optax equivalent of StableAdamW (how near:
+docs/design_notes.md#optim).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The one resolution step: a loaded config + the workdir (+ the tokenizer, the init_from folder) ->
-`Resolved`: the final, checked, frozen config that the run uses and writes as WORKDIR/config.json,
-its tokenizer and its objective (looked up once, here; everything after receives it).
+"""The one resolution step: a loaded config + the workdir -> `Resolved(config, tokenizer, objective)`.
 
-Everything a run derives is derived here: `{workdir}` in paths, the vocabulary size and masking
-ids from the tokenizer, a fine-tuning model from its source folder, warmup steps from a fraction,
-the platform's attention kernel and prediction slots. What must exist on disk first (the demo
-corpus, a trained tokenizer, a converted init_from folder) is provision.py's.
+The config comes back final, checked and frozen (it is written as WORKDIR/config.json); everything a
+run derives is derived here, and the objective is looked up here, once. What must exist on disk
+first is provision.py's.
 """
 from __future__ import annotations
 

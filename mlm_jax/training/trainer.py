@@ -1,11 +1,8 @@
 """The pure train and eval steps: the objective's prepare (masking) -> its loss -> grads -> AdamW.
 
-`train_step(state, batch, key) -> (state, metrics)` is one jax.jit with the state donated. The key
-is the run's base key; each step folds in the step number, so masks and dropout are a function of
-(seed, step, example index) only, and a restored run reproduces them exactly.
-
-Metrics come back as on-device sums (loss_sum, correct_sum, num_predictions, ...) so the loop can
-add them up without a host sync and divide once when it logs.
+`train_step(state, batch, key) -> (state, metrics)` is one jax.jit with the state donated; each step
+folds its number into the run's key, so masks and dropout depend on (seed, step, example) only.
+Metrics are on-device sums, added up by the loop without a host sync.
 """
 from __future__ import annotations
 
@@ -55,10 +52,9 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
                     platform: str = "cpu") -> TrainState:
   """One optimizer update; a non-finite step leaves params and optimizer untouched (and is counted).
 
-  On CPU a lax.cond, whose skipped branch costs nothing, where a select reads old and new values of
-  every parameter and moment (~3% of a mini BERT CPU step). On accelerators the select fuses into
-  the update and is free, while the cond cost ~6% in XLA's TPU cost model: `platform` is that of the
-  mesh the step runs on (not the host's: the AOT tool compiles TPU programs on a CPU host).
+  On CPU a lax.cond, whose skipped branch costs nothing; on accelerators a select, which fuses into the
+  update (docs/design_notes.md#trainer). `platform` is that of the mesh the step runs on (not the
+  host's: the AOT tool compiles TPU programs on a CPU host).
   """
   def update(_):
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
@@ -92,7 +88,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
 
   abstract_state = jax.eval_shape(init_fn)
   state_sh = sharding.state_shardings(abstract_state, mesh, config.sharding.rules)
-  batch_sh = sharding.batch_sharding(mesh)   # also pins [batch, seq, hidden] activations (see model.py)
+  batch_sh = sharding.batch_sharding(mesh)   # also pins [batch, seq, hidden] activations (see model/encoder.py)
   repl = sharding.replicated(mesh)
 
   def loss_sums(params, batch, dropout_key):
