@@ -1,7 +1,3 @@
-"""Downstream tasks for fine-tuning: file readers, encodings (classification, pairs, NER, QA), task assembly.
-
-readers.py reads labeled files, features.py and qa.py turn examples into fixed-length arrays and
-model outputs back into predictions, task.py puts one task together for mlm_jax/finetune.py,
-config.py is the fine-tuning config schema (and the `:fast` budgets), and suite.py / suite_report.py
-are the downstream suite (every task, seeds, one table) that mlm_jax/downstream.py runs.
+"""Downstream tasks for fine-tuning: file readers, encodings (classification, pairs, NER, QA), metrics,
+one task's assembly (task.py) and the suite's catalogue. The runners are in mlm_jax/finetuning/.
 """

@@ -1,15 +1,8 @@
-"""The downstream suite's catalogue: every task in ../shared/data/downstream, which fine-tuning config
-holds its budget (configs/finetune/NAME.py, `:fast` for the fast budget), the metric it reports, and
-what it is scored on:
+"""The downstream suite's catalogue: every task in ../shared/data/downstream, its fine-tuning config
+(configs/finetune/NAME.py, `:fast` for the fast budget), its metric and what it is scored on.
 
-* `dev=True`: the config's eval set is a dev split; the best checkpoint on it is scored on `test`.
-* `dev=False`: there is no dev split; the config's eval set is the reported test split (an official
-  test file, or a held-out part of the training file by group), evaluated at the last step only, so
-  the test split never chooses a checkpoint.
-* `crosslingual`: XTREME's zero-shot setting: the model fine-tuned on English is scored on the same
-  task in every other language the data has (one column per language). For parallel data without
-  a split (PUD by sent_id, XQuAD by article title) only the held-out groups are scored, so no
-  translation of a training example is ever a test example (mlm_jax.tasks.task.build_eval).
+`dev`, and XTREME's zero-shot `crosslingual` columns, decide which split may choose a checkpoint and
+which is reported (docs/design_notes.md#catalogue).
 """
 from __future__ import annotations
 

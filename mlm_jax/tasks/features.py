@@ -1,24 +1,8 @@
 """Examples -> fixed-length arrays for classification, sentence pairs and token classification.
 
-Sequences follow the pretraining layout of the tokenizer (`Tokenizer.layout`):
-
-  xlmr / RoBERTa:  <s> A </s>               <s> A </s></s> B </s>
-  bert:            [CLS] A [SEP]            [CLS] A [SEP] B [SEP]
-
-Token types are 0 for the first segment and 1 for the second when the model has at least two
-(BERT); RoBERTa / XLM-R have one and tell the segments apart by the separators only. Pairs are
-truncated longest-first, as HF's default does.
-
-Every batch is a dict of int32/float32 arrays [N, seq_len] (or [N]): input_ids, segment_ids (1 on
-tokens, 0 on padding: the encoder's attention mask), positions, token_type_ids, weight (1 for real
-rows; 0 for the rows that pad the last eval batch), and the task's targets.
-
-NER: each word is encoded on its own, as it reads inside the sentence (`Tokenizer.encode_words`:
-sentencepiece and WordPiece start every word anew; byte-level BPE gives the words after the first
-their leading space, as HF's is_split_into_words with add_prefix_space does), its label goes on
-its first piece and the other pieces get -1 (ignored by the loss and by decoding). Words past the
-sequence length are cut in training and predicted as O at evaluation, so that scores always count
-every gold entity.
+Sequences follow the tokenizer's pretraining layout (xlmr / bert); batches are dicts of [N, seq_len]
+arrays plus the targets, `weight` 0 on padding rows; NER labels sit on each word's first piece (the
+others -1). Layouts and truncation: docs/design_notes.md#features.
 """
 from __future__ import annotations
 

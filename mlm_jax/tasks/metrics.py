@@ -1,16 +1,7 @@
 """Downstream metrics, computed on the host from decoded predictions, exactly as the reference scripts do.
 
-* Classification: accuracy and macro-F1 (the unweighted mean of per-class F1 over the classes that
-  occur in the gold labels or the predictions, as scikit-learn's `f1_score(average='macro')`).
-* NER: entity-level precision / recall / F1 with the chunk rules of CoNLL's `conlleval` script, so
-  that numbers can be compared with papers: a chunk starts at B-X, or at I-X after O, after a chunk
-  of another type or at a sentence start (IOB1 and IOB2 both work), and ends when an O, a B- or a
-  different type follows. Only chunks whose span and type both match count as correct.
-* Extractive QA: SQuAD v1.1's exact match and token F1 after its answer normalization (lower case,
-  punctuation and the articles a/an/the removed, whitespace collapsed), each the maximum over the
-  gold answers, averaged over questions.
-
-All rates are fractions in [0, 1] (the official scripts print percentages).
+Accuracy and macro-F1 (scikit-learn's), entity F1 with conlleval's chunk rules, SQuAD v1.1's exact
+match and F1; all rates are fractions in [0, 1]. The rules: docs/design_notes.md#metrics.
 """
 from __future__ import annotations
 

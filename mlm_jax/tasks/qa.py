@@ -1,17 +1,8 @@
 """Extractive QA: SQuAD questions -> windowed features, and start/end logits -> answer text.
 
-A question and its paragraph become `<s> question </s></s> context window </s>` (BERT layout:
-`[CLS] q [SEP] c [SEP]`, the context with token type 1). A paragraph longer than the sequence is
-cut into windows `doc_stride` tokens apart, each a feature of its own; a window that does not hold
-the whole answer is trained to point at the first token (position 0), as BERT's SQuAD recipe does.
-
-Answers are located through the tokenizer's offsets (`Tokenizer.encode_offsets`, any family): each context piece knows the characters it
-covers, so the answer's characters give its first and last piece, and a predicted pair of pieces
-gives back an exact slice of the original paragraph (not a detokenization).
-
-Decoding (`best_span`) scores every pair (i, j) of context positions with i <= j < i + max_len by
-start[i] + end[j] and takes the best, over all windows of a question. It never returns end < start,
-a span longer than `max_answer_length` pieces, or a span outside the context.
+Long paragraphs become windows `doc_stride` apart; answers are located and returned through the
+tokenizer's character offsets (an exact slice of the paragraph), and `best_span` never returns an
+invalid span. Details: docs/design_notes.md#qa.
 """
 from __future__ import annotations
 

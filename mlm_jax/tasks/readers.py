@@ -1,21 +1,8 @@
 """Labeled examples from local files in the common formats, as plain Python records.
 
-* Classification / regression (`read_table`): TSV, CSV (with or without a header) and JSON lines;
-  fields are column numbers, header names or JSON keys. `lines`: one text file per class, one
-  example per line (`name=path`, the name is the label), the layout of many sentiment sets.
-* Token classification (`read_conll`): CoNLL columns, one token per line, a blank line (or a line
-  holding only whitespace) between sentences; `-DOCSTART-` lines and CoNLL-U comment lines
-  (`# text = ...`) are skipped. Columns are split on tabs, or on spaces when a line has no tab.
-* CoNLL-U treebanks (`read_conllu`): the word form and one tag column (UPOS by default) of every
-  syntactic word; multiword-token lines (`3-4`, the surface form of words listed after it) and
-  empty nodes (`3.1`, enhanced-graph words with no surface form) are skipped, so every example is
-  the words a tagger labels. `group` is the sentence's `sent_id`, which parallel treebanks (PUD)
-  share across languages: a split by group keeps translations on the same side.
-* Question classification (`read_trec`): Li & Roth's TREC files, `COARSE:fine question` per line.
-* Extractive QA (`read_squad`): SQuAD v1.1 JSON.
-
-Files ending in .gz are decompressed; `gs://` and other remote paths go through tf.io.gfile.
-Invalid UTF-8 is replaced (U+FFFD), never fatal. Every error names the file and line.
+TSV / CSV / JSON lines, one file per class, CoNLL, CoNLL-U, TREC and SQuAD v1.1; .gz and remote paths
+read too, invalid UTF-8 replaced, every error naming the file and line. The formats:
+docs/design_notes.md#readers.
 """
 from __future__ import annotations
 

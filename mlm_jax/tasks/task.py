@@ -1,13 +1,8 @@
 """One fine-tuning task, ready for the loop: encoded train/eval arrays, metrics and a predictions file.
 
-`build(task_cfg, tok, seq_len, type_vocab_size)` reads the files named in `config.task`, splits off a
-held-out set when no eval files are given, encodes everything with the model's tokenizer, and
-returns a `Task` whose `score(outputs)` turns the model's eval outputs (numpy, one row per eval row)
-into metrics and `write_predictions(outputs, path)` into a file users can inspect:
-
-  classification / regression  predictions.jsonl  {"id", "text", ["text_b"], "label", "prediction"}
-  token                        predictions.conll  word, gold tag, predicted tag (conlleval's input)
-  qa                           predictions.json   {question id: answer text} (SQuAD's official format)
+`build(task_cfg, tok, seq_len, type_vocab_size)` reads `config.task`'s files (splitting off a held-out
+set when none is given) and returns a `Task`: `score(outputs)` -> metrics, `write_predictions(outputs,
+path)` -> a file per task type (docs/design_notes.md#task).
 """
 from __future__ import annotations
 
