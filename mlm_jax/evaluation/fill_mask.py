@@ -1,14 +1,8 @@
 """A trained encoder plus its tokenizer, ready to predict masked tokens (tools/fill_mask.py).
 
-Two sources give the same object: a training workdir (or a `from_hf` output folder), restored
-onto one device whatever mesh wrote it, and a Hugging Face transformers folder, converted in
-memory with `convert.bert.params_from_hf` and run by our JAX model - not by torch - so the tool
-checks the conversion as much as it shows predictions.
-
-Text is tokenized as the training pipeline does: BOS + pieces + EOS, and each mask token string
-becomes the mask id. The text is split on the mask string and the parts are encoded separately,
-which is also how the exported HF tokenizer treats its added mask token (convert/hf_tokenizer.py),
-so both give the same ids.
+From a workdir (restored onto one device) or a transformers folder (converted in memory and run by our
+JAX model, so the tool checks the conversion too); text is tokenized as in training, each mask string
+becoming the mask id, as the exported HF tokenizer does (docs/design_notes.md#fill_mask).
 """
 from __future__ import annotations
 

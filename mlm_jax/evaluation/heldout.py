@@ -39,9 +39,9 @@ class HeldOut:
   """The training loop's evaluator: `train.eval_batches` global batches of the eval split.
 
   Every process runs exactly that many steps (collectives must line up); a process whose eval shard
-  runs out feeds all-padding rows, which carry no predictions. The pipeline is built before training
-  (~1 s of tf.data tracing), so a missing or empty eval split fails at start, not after the run has
-  trained; it is read only when evaluating, and rewound after each evaluation.
+  runs out feeds all-padding rows, which carry no predictions. The pipeline is built before training,
+  so a missing or empty eval split fails at start, not after the run has trained; it is read only
+  when evaluating, and rewound after each evaluation.
   """
 
   def __init__(self, trainer, tok, pipeline):

@@ -1,19 +1,8 @@
 """Linear probes of the frozen encoder during pretraining: is it learning features a task can use?
 
-A held-out MLM loss says how well the model predicts tokens, not whether its representations are
-useful (docs/objectives.md's ELECTRA run collapsed them while its loss looked fine). Every
-`train.probe_every` steps the loop runs the encoder, without dropout, over a fixed sample of each
-task in `train.probe_tasks`, fits a linear classifier on the host and logs its held-out score as
-`probe/<task>`; `probe/token_cosine` is the mean cosine similarity between the last layer's token
-vectors within a sentence (near 1 when the representations have collapsed).
-
-Features: the mean over a sentence's real tokens for a sentence task; the vector of each word's
-first piece for a token task (the same positions fine-tuning labels). The classifier is ridge
-regression onto one-hot labels over standardized features, solved in closed form: deterministic,
-no learning rate to tune, and milliseconds for the few thousand examples a probe uses, so a probe
-costs about one forward pass over its examples. Its scores are comparable across the steps of one
-run (same examples, same classifier), not an estimate of fine-tuned quality: the downstream suite
-(`python -m mlm_jax.downstream`) is that.
+Every `train.probe_every` steps: a closed-form ridge classifier on a fixed sample of each
+`train.probe_tasks` task, logged as `probe/<task>`, plus `probe/token_cosine` (near 1 = collapsed).
+Comparable across the steps of one run, not a fine-tuning estimate (docs/design_notes.md#probe).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Fine-tuning a pretrained encoder on one labeled task: the task's batches, its evaluator (decoded and
-scored every `train.eval_every` steps), the best checkpoint by `train.best_metric` (DIR/best), and at
-the end the best parameters' predictions (DIR/predictions.*) and scores (DIR/eval_results.json).
-Steps, logging, checkpoints for resuming and SIGTERM are the one loop's (training/loop.py).
+"""Fine-tuning a pretrained encoder on one labeled task, through the one loop (training/loop.py).
 
-Batches are a pure function of (seed, step): the training set is visited in a fresh permutation
-per epoch, so a resumed run sees the same batches as an uninterrupted one.
+The task's batches (a pure function of seed and step, so resume is exact), its evaluator every
+`train.eval_every` steps, the best checkpoint by `train.best_metric` (DIR/best), and at the end that
+checkpoint's predictions (DIR/predictions.*) and scores (DIR/eval_results.json).
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """Task heads on the shared encoder, and their losses: the model that fine-tuning trains.
 
-`TaskModel` holds the pretrained `Encoder` (its parameters keep their pretraining names under
-`encoder.`, so a pretraining checkpoint drops in unchanged) and one small head under `head.`:
-
-* `sequence` (classification, and regression with one output): the first token ([CLS] / <s>).
-  When the encoder has a pooler (`model.use_pooler`, BERT) it is used as BERT does:
-  dropout(pooler(h[CLS])) -> linear. Otherwise the head is RoBERTa's classification head from HF
-  transformers: dropout -> dense -> tanh -> dropout -> out_proj on h[<s>], i.e. the pooler is
-  learned during fine-tuning.
-* `token` (NER, POS): dropout -> linear on every position; labels sit on the first sub-token of each
-  word (the others carry -1 and are ignored).
-* `span` (extractive QA): linear to two logits per position, start and end (BERT's SQuAD head).
-
-Head parameters carry logical axis names like the encoder's, so the same sharding rules apply.
-Dropout takes an explicit key (None at evaluation), as in the encoder.
+`TaskModel` = the pretrained `Encoder` under `encoder.` (a pretraining checkpoint drops in unchanged)
++ one head under `head.`: `sequence` (BERT's pooler or RoBERTa's classification head), `token`, or
+`span` (QA start/end). Head by head: docs/design_notes.md#heads.
 """
 from __future__ import annotations
 
@@ -137,7 +126,7 @@ def loss_sums(kind: str, outputs, batch: dict) -> tuple[jax.Array, jax.Array]:
 
 
 class TaskObjective:
-  """Fine-tuning as an objective of step.make_trainer: no input transform, the head's loss, and the
+  """Fine-tuning as an objective of trainer.make_trainer: no input transform, the head's loss, and the
   model's outputs (float32 logits) as what the eval step returns."""
   count_key = "count"
 

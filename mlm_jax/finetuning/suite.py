@@ -1,8 +1,8 @@
-"""The downstream suite's runner: every selected task of the catalogue (tasks/catalogue.py) fine-tuned
-with its budget and N seeds through the one fine-tuning path (finetuning/finetuner.py), in
-OUT/TASK/seedN; each writes OUT/TASK/seedN/suite_result.json when it is done, a re-run reads those
-back instead of training again, and a task killed mid-run resumes from its own checkpoint. Then one
-table (suite_report.py).
+"""The downstream suite's runner: every selected task of the catalogue (tasks/catalogue.py), its budget
+and N seeds, through the one fine-tuning path (finetuner.py), in OUT/TASK/seedN.
+
+A finished run leaves suite_result.json, which a re-run reads back; a killed one resumes from its own
+checkpoint. Then one table (suite_report.py).
 """
 from __future__ import annotations
 

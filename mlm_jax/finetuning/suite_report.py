@@ -1,9 +1,7 @@
 """The downstream suite's table and JSON: per task mean ± std over seeds, one average, zero-shot columns.
 
-As a GLUE table does, every score is a percentage of the task's standard metric and the average
-is the unweighted mean over tasks. The cross-lingual table has one column per language (the mean
-over seeds) and two means per task: over the languages the model was pretrained on, and over the
-others; English, the fine-tuning language, is the task's own score and in neither mean.
+Scores are percentages of each task's standard metric, averaged unweighted over tasks, as a GLUE table
+does; how the cross-lingual means are taken: docs/design_notes.md#finetuner-suite-suite_report.
 """
 from __future__ import annotations
 
