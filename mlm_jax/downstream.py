@@ -1,10 +1,8 @@
 """Downstream suite binary: python -m mlm_jax.downstream --init_from=DIR [--fast] [--seeds=N] [--tasks=a,b]
 
-Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers
-folder) on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py
-(`--fast`: their `:fast` budgets and one seed), N seeds each, and prints one table: per task its
-standard metric, mean ± std over seeds, the average over tasks, and zero-shot cross-lingual columns.
-OUT/downstream.json holds the same, OUT/TASK/seedN the runs; a re-run skips what is finished.
+Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers folder)
+on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py (`--fast`: `:fast`,
+one seed), N seeds each; prints one table and writes OUT/downstream.json; a re-run skips what is done.
 """
 from __future__ import annotations
 
