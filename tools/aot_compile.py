@@ -7,16 +7,10 @@
   python tools/aot_compile.py --config=configs/bert_base.py --topology=v5p:2x2x2 --config.data.seq_len=512 \
       --config.model.attention_dropout=0 --config.model.attention_impl=splash   # or xla; scan_layers=true
 
-Needs libtpu (`pip install -e '.[tpu]'`), not a TPU: XLA's TPU compiler runs on this CPU. Prints
-per device the arguments, outputs, temporaries and code against HBM, XLA's FLOPs beside flops.py's,
-XLA's optimal step time and the MFU bound it implies (see mlm_jax/training/aot.py), the attention
-implementation resolved for TPU (splash rows have no optimal time: Pallas kernels carry no cost
-estimate), whether layers are scanned, and the compile seconds. With --json, one JSON line per
-topology instead.
-
-Exit status: 0 when the step fits on every topology given, 1 when it does not fit on one (with a
-one-line "does not fit: ..." on stderr saying by how much and what would help), 2 when it could
-not be checked (bad flag, config or topology).
+Needs libtpu (`pip install -e '.[tpu]'`), not a TPU. Prints per device memory against HBM, FLOPs and
+XLA's step time (what each figure means: docs/design_notes.md#toolsaot_compilepy). Exit status: 0 when
+the step fits on every topology given, 1 when it does not fit on one (with a one-line "does not fit:
+..." on stderr saying by how much and what would help), 2 when it could not be checked.
 """
 import json
 import os

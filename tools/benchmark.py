@@ -6,16 +6,9 @@
       --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
   python tools/benchmark.py input [flags of tools/benchmark_input.py]
 
-`train` runs the real train step (masking, sparse MLM loss, AdamW; dropout 0.1 like the peers in
-../shared/bench) on random token batches and reports tokens/s, compile time, peak RSS, model FLOPs
-per token, achieved TFLOP/s, the machine's measured matmul peak and MFU, and the minor page faults
-per step (near 0 under mimalloc or glibc-keep, see mlm_jax/allocator.py; ~200k for mini when XLA's
-scratch is handed back to the OS every step), and the XLA_FLAGS it ran with (runtime.CPU_XLA_FLAGS).
-Memory: `peak_rss_mb` is the whole process's peak (what the peers in ../shared/bench report),
-`compile_peak_rss_mb` the peak up to the end of compilation and `step_peak_rss_mb` the peak from the
-first step on (VmHWM reset through /proc/self/clear_refs).
-`--repeat=N` runs the same command N times in fresh processes and reports each run and the spread.
-Compare with peers only when measured side by side on the same machine.
+`train` runs the real train step on random batches: tokens/s, compile time, peak RSS (whole process,
+compile and step phases), FLOPs, MFU, page faults per step; `--repeat=N` runs it N times in fresh
+processes. Compare with peers only side by side (fields: docs/design_notes.md#toolsbenchmarkpy).
 """
 import argparse
 import json

@@ -6,24 +6,9 @@
   python tools/benchmark.py input [same flags]
   python tools/benchmark_input.py --store=DIR          # a token store (tools/prepare_data.py)
 
-With --store, times the store pipeline (no tokenization at training time) on the same batch
-shape, built in this process and in --store_workers worker processes, and the first batch after
-set_state at global batch 0, 1e4 and 1e6 (resume cost). With --prepare_workers=N, times
-tools/prepare_data.py on the same input with 1 and N workers, beside sentencepiece's own encode rate.
-
-Builds the real `mlm_jax.data.text.stream.Pipeline` (tf.data reading, the tokenizer: in-graph
-sentencepiece, or HF `tokenizers` for WordPiece / BPE given with --tokenizer,
-segmented packing, shuffling, batching, prefetch), warms it up (the shuffle buffer fill is not
-steady state), then times `--batches` batches. tokens_per_sec counts batch*seq_len slots per
-second (what the train step consumes); real_tokens_per_sec leaves padding out;
-real_fraction_by_source (and store_real_fraction_by_source) is each source's share of slots that
-hold a real token.
-
-Peer in the same run: a plain Python loop of the tokenizer's encode (one call per document, the
-same documents, already in memory) + concatenation into seq_len blocks + transformers'
-DataCollatorForLanguageModeling (torch tensors, mlm_probability 0.15), as run_mlm.py does it.
-
-The last line printed is one JSON object, with the tf.data thread settings that were used.
+Times the real streaming Pipeline (or, with --store, the store pipeline and its resume; with
+--prepare_workers, prepare itself) beside a transformers run_mlm.py-style peer in the same run. The
+last line is one JSON object; its fields: docs/design_notes.md#toolsbenchmark_inputpy.
 """
 import argparse
 import json

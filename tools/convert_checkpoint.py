@@ -4,26 +4,11 @@
   python tools/convert_checkpoint.py to_hf --workdir=DIR [--step=N] --out=HF_DIR [--arch=bert|roberta|xlm-roberta|modernbert]
   python tools/convert_checkpoint.py from_hf --hf_dir=HF_DIR --out=DIR [--tokenizer=spm.model]
 
-to_hf writes config.json, model.safetensors and tokenizer files (for a sentencepiece model:
-tokenizer.json and friends, plus the model; for WordPiece / byte-level BPE: the original files)
-that `AutoModelForMaskedLM` / `AutoTokenizer.from_pretrained(HF_DIR)` and
-`pipeline("fill-mask")` load, with exactly our token ids. It runs on one CPU whatever mesh wrote
-the checkpoint. --arch defaults to modernbert for a model of ModernBERT's structure (pre-LN, rotary,
-GeGLU, embedding norm, no attention norm in layer 0), else bert for models with positions from 0,
-else xlm-roberta. An ELECTRA
-run (config.objective=electra) gives HF_DIR/discriminator (ElectraForPreTraining) and
-HF_DIR/generator (ElectraForMaskedLM); from_hf reads either of those folders back.
-
-from_hf reads a transformers folder (model.safetensors; a pytorch_model.bin only with
-torch.load(weights_only=True)) and writes DIR/config.json, DIR/checkpoints/0 and, when the folder
-has a tokenizer, DIR/tokenizer/: spm.model for a sentencepiece one (ours, or XLM-R's
-sentencepiece.bpe.model), the folder's own files for WordPiece (vocab.txt / tokenizer.json) and
-byte-level BPE (tokenizer.json / vocab.json + merges.txt).
-It prints the flags that continue pretraining from it:
-  python -m mlm_jax.train --config=configs/xlmr_base.py --workdir=RUN <printed flags> --config.data.sources=...
-
-Neither command writes into a non-empty --out unless --overwrite (checkpoints are never replaced);
-errors are one line on stderr and exit code 2.
+to_hf writes a folder that `AutoModelForMaskedLM` / `AutoTokenizer` load with exactly our token ids
+(an ELECTRA run: HF_DIR/discriminator and HF_DIR/generator); from_hf writes a workdir that
+`--config.init_from` takes and prints the flags that continue pretraining from it. Neither writes
+into a non-empty --out unless --overwrite; errors are one line on stderr and exit code 2.
+What the folders hold: docs/design_notes.md#toolsconvert_checkpointpy.
 """
 import argparse
 import json

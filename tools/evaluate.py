@@ -4,17 +4,10 @@
   python tools/evaluate.py mlm --workdir=DIR --data='held_out/*.txt' [--step=N] [--seq_len=128]
   python tools/evaluate.py mlm --hf_dir=HF_DIR --data=held_out.txt.gz [--against_transformers]
 
-Each non-empty line of the files is a sequence `<s> pieces </s>` (long lines are cut into several).
-
-* MLM: the model's own masking recipe (config.masking of the run; defaults for HF folders) with a
-  fixed seed, so two checkpoints are compared on exactly the same masks. Reports the mean
-  cross-entropy over masked tokens (`loss`), masked-token `accuracy` and `perplexity` = exp(loss).
-* PLL (Salazar et al., 2020, "Masked Language Model Scoring"): for the first `--pll_lines` sequences,
-  every token is masked in turn (one copy of the sequence per token) and log p(token | the rest) is
-  summed. Reports `pll` (the sum), `pll_per_token` and `pseudo_perplexity` = exp(-pll / tokens).
-  It costs one forward pass per token: keep --pll_lines modest on CPU.
-
-Prints one JSON object; errors are one line on stderr and exit code 2.
+Each non-empty line is a sequence `<s> pieces </s>`. MLM uses the run's masking with a fixed seed, so
+checkpoints are compared on the same masks; PLL (one forward pass per token) covers the first
+`--pll_lines` lines (docs/design_notes.md#toolsevaluatepy). Prints one JSON object; errors are one
+line on stderr and exit code 2.
 """
 import argparse
 import json

@@ -4,15 +4,10 @@
   python tools/fill_mask.py --workdir=DIR "The <mask> of the list is returned." --top_k=5
   python tools/fill_mask.py --hf_dir=HF_DIR "Paris is the <mask> of France." --json
 
-Write `<mask>` (or the tokenizer's own mask token, `[MASK]` for BERT-layout vocabularies) where a
-token should be predicted; several masks and several texts are fine. ELECTRA: an ELECTRA workdir
-uses its generator, as does an exported `generator` folder; the discriminator has no MLM head and
-is refused. --hf_dir runs our JAX model
-on the transformers weights (converted in memory), not torch. Prints a table per mask, or with
---json one JSON object as the last line:
-  {"source": ..., "results": [{"text", "ids", "masks": [{"position", "predictions":
-    [{"token", "piece", "id", "probability"}, ...]}]}]}
-Errors are one line on stderr and exit code 2.
+Write `<mask>` (or the tokenizer's own, `[MASK]` for BERT-layout vocabularies) where a token should be
+predicted. --hf_dir runs our JAX model on the converted weights, not torch; an ELECTRA run uses its
+generator. Prints a table per mask, or one JSON object with --json (docs/design_notes.md#toolsfill_maskpy);
+errors are one line on stderr and exit code 2.
 """
 import argparse
 import json

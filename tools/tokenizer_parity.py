@@ -10,7 +10,7 @@ U+FFFD, BOM and CR removed, blank lines skipped), encoded by `tokenizers.load.lo
 `BOS + ids + EOS` and by `AutoTokenizer.from_pretrained(FOLDER)(line)`; the tool prints, per
 language folder, the number of lines and of lines whose ids differ, with the first differing
 lines. `--train_bpe=DIR` first trains a byte-level BPE RoBERTa tokenizer on a sample of every
-language of the corpus (`tokenizers/hf.py train_bpe`) and checks that folder.
+language of the corpus (`data/tokenizers/hf_tokenizers.py` train_bpe) and checks that folder.
 """
 import argparse
 import glob
