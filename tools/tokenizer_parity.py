@@ -5,12 +5,9 @@
       --corpus='../shared/data/corpus/*'
   python tools/tokenizer_parity.py --train_bpe=/tmp/roberta_bpe --corpus='../shared/data/corpus/*'
 
-Each line is read as prepare reads it (mlm_jax/data/store/text_reader.py: invalid UTF-8 repaired to
-U+FFFD, BOM and CR removed, blank lines skipped), encoded by `tokenizers.load.load(FOLDER)` as
-`BOS + ids + EOS` and by `AutoTokenizer.from_pretrained(FOLDER)(line)`; the tool prints, per
-language folder, the number of lines and of lines whose ids differ, with the first differing
-lines. `--train_bpe=DIR` first trains a byte-level BPE RoBERTa tokenizer on a sample of every
-language of the corpus (`data/tokenizers/hf_tokenizers.py` train_bpe) and checks that folder.
+Each line, read as prepare reads it, is encoded by our `load(FOLDER)` and by AutoTokenizer; prints per
+language folder the lines whose ids differ. --train_bpe=DIR first trains a byte-level BPE tokenizer on
+the corpus and checks that (docs/design_notes.md#toolstokenizer_paritypy).
 """
 import argparse
 import glob
