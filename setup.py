@@ -25,7 +25,7 @@ setup(
         "tensorflow-text>=2.20,<2.22",
         "tensorflow-datasets>=4.9.9,<4.10",
         "sentencepiece>=0.2.0,<0.3",
-        # WordPiece (BERT) and byte-level BPE (RoBERTa) tokenizers: data/tokenizers/hf.py
+        # WordPiece (BERT) and byte-level BPE (RoBERTa) tokenizers: data/tokenizers/hf_tokenizers.py
         "tokenizers>=0.21,<0.24",
         "array-record>=0.8.1,<0.9",
         "ml-collections>=1.0,<2",

@@ -9,7 +9,7 @@ held out by a stable hash of the text). Reviews are cut to their first seq_len p
 128 in the fast budget), so this tests how much sentiment a model reads from a review's opening.
 Metric: accuracy (balanced classes). Hardware: CPU, minutes for a demo-sized model.
 Expected: ~0.5 is chance; base-sized encoders reach ~0.9 with the whole review (512 tokens).
-Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), heads.py.
+Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), mlm_jax/finetuning/heads.py.
 """
 import os
 

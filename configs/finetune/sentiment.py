@@ -13,7 +13,7 @@ English news sentences: held-out accuracy 0.65 (random initialization, `--config
 0.67; this budget does not separate them, see configs/finetune/sms_spam.py for a task that does).
 Base-sized pretrained encoders reach ~0.9 on this dataset; use their recipe (AdamW lr 1e-5..3e-5,
 6% warmup, a few epochs).
-Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), heads.py.
+Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), mlm_jax/finetuning/heads.py.
 """
 import os
 

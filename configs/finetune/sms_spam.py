@@ -12,7 +12,7 @@ Hardware: CPU, 150 steps of 32 x 48 tokens for a demo-sized model: about a minut
 Expected: held-out accuracy ~0.98 from a demo-sized model pretrained a few minutes on English news
 text, against ~0.96 from random initialization with the same budget (`--config.random_init=True`;
 tests/test_finetune_pretrained.py checks that pretraining wins); 87% of the messages are ham.
-Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), heads.py.
+Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), mlm_jax/finetuning/heads.py.
 """
 import os
 

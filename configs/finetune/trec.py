@@ -9,7 +9,7 @@ coarse label is the class; one invalid UTF-8 byte in train.txt is replaced). The
 eval set: evaluate at the last step only (train.eval_every=0) when reporting it, as the
 downstream suite does, since there is no dev split to choose a checkpoint on.
 Metric: accuracy (TREC's standard). Expected: majority class 0.19 on the test set; base-sized encoders ~0.97.
-Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), heads.py.
+Head: RoBERTa's classification head on <s> (BERT's pooler when the model has one), mlm_jax/finetuning/heads.py.
 """
 import os
 
