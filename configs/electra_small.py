@@ -29,7 +29,7 @@ MLM steps of configs/demo.py; ~9 min on a busy 2-core VM): held-out generator ML
 "nothing replaced" (13% of the tokens are): a budget this small teaches the discriminator the prior,
 hardly more. docs/objectives.md (ELECTRA) compares it with MLM at equal FLOPs. (Measured before the
 embedding LayerNorm was shared, Adam's bias correction dropped and lr 5e-4 chosen. With all three,
-round 3 measured on the same sentences at 520 steps: generator MLM loss 6.41, discriminator loss
+on the same sentences at 520 steps: generator MLM loss 6.41, discriminator loss
 0.384, held-out AUC 0.61; docs/objectives.md has the recipe screen.)
 """
 import importlib.util
@@ -56,7 +56,7 @@ def get_config(size="small"):
                           disc_weight=50.0))
     c.masking.update(dict(mask_token_prob=0.85, random_token_prob=0.0))
     c.optimizer.bias_correction = False   # the reference's AdamWeightDecayOptimizer
-    # The paper's Small rate: the best held-out AUC of round 3's recipe screen (docs/objectives.md).
+    # The paper's Small rate: the best held-out AUC of the recipe screen in docs/objectives.md.
     c.optimizer.learning_rate = 5e-4
     return c
 
