@@ -1,8 +1,7 @@
 """Local paths and remote ones (gs://, any tf.io.gfile scheme) behind one set of functions.
 
-TensorFlow is imported only for a remote path. A remote path is not checked for existence before
-it is opened (each check is a request to the bucket): `missing` is true only for a local path that
-does not exist.
+TensorFlow is imported only for a remote path. A remote path is not checked for existence before it is opened
+(each check is a request to the bucket): `missing` is true only for a local path that does not exist.
 """
 from __future__ import annotations
 

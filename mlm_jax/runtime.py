@@ -1,8 +1,7 @@
 """Process setup for every binary and tool: environment, logging, memory, distributed init.
 
-Some of it must happen before jax or TensorFlow is imported, so importing the package runs
-`bootstrap()` and this module imports neither at top level. What each setting does and why:
-docs/design_notes.md#runtime.
+Some of it must happen before jax or TensorFlow is imported, so importing the package runs `bootstrap()` and
+this module imports neither at top level. What each setting does and why: docs/design_notes.md#runtime.
 """
 from __future__ import annotations
 

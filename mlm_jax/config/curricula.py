@@ -1,8 +1,7 @@
 """Curricula as config fields: values that are a pure function of the training step.
 
-Each is phases `('STEP:VALUE', ...)`, the first at step 0 (masking.mask_rate_schedule,
-data.mix_alpha_schedule, data.source_start_steps), so a restored run continues it exactly.
-The fields: docs/design_notes.md#curricula.
+Each is phases `('STEP:VALUE', ...)`, the first at step 0 (masking.mask_rate_schedule, data.mix_alpha_schedule,
+data.source_start_steps), so a restored run continues it exactly. The fields: docs/design_notes.md#curricula.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Best-fit packing of documents into rows over a bounded window of open rows (both input paths).
 
-Each item goes into the open row with the least room that fits it, ties to the lowest slot, so the
-rows depend only on the items, never on how they were grouped into calls. Rules and padding figures:
-docs/design_notes.md#best_fit.
+Each item goes into the open row with the least room that fits it, ties to the lowest slot, so rows depend
+only on the items, never on their grouping into calls (rules, figures: docs/design_notes.md#best_fit).
 """
 from __future__ import annotations
 

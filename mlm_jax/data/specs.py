@@ -1,8 +1,7 @@
 """Source specs: the strings that name a corpus in `data.sources` (`name=spec`), parsed.
 
-Text globs, `tsv:FIELD:GLOB`, `tfds:NAME[/CONFIG]:SPLIT[:FEATURE]`, `tfrecord:GLOB`; store/loader.py parses
-`store:DIR`. Both input paths read specs and mix with `mixing_weights`. A leaf without TensorFlow at
-import: only `list_files` imports it (gs:// globs).
+Text globs, `tsv:FIELD:GLOB`, `tfds:NAME[/CONFIG]:SPLIT[:FEATURE]`, `tfrecord:GLOB` (`store:DIR`: store/loader.py),
+read by both input paths and mixed with `mixing_weights`. No TensorFlow at import but in `list_files` (gs://).
 """
 from __future__ import annotations
 

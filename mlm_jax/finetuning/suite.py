@@ -1,8 +1,7 @@
 """The downstream suite's runner: every selected task of the catalogue (tasks/catalogue.py), its budget
 and N seeds, through the one fine-tuning path (finetuner.py), in OUT/TASK/seedN.
 
-A finished run leaves suite_result.json, which a re-run reads back; a killed one resumes from its own
-checkpoint. Then one table (suite_report.py).
+A finished run's suite_result.json is read back by a re-run, a killed one resumes; then one table (suite_report.py).
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Attention kernels (xla, Pallas splash on TPU, cuDNN on GPU) and local/global layers.
 
-`model.attention_impl='auto'` picks per the platform of the mesh, not of the host (the AOT tool compiles
-TPU programs on a CPU host), and xla whenever attention dropout is on: only xla has it. Each kernel's
-scope: docs/design_notes.md#attention.
+`model.attention_impl='auto'` picks per the mesh's platform, not the host's (the AOT tool compiles TPU programs
+on a CPU host), and xla when attention dropout is on: only xla has it (docs/design_notes.md#attention).
 """
 from __future__ import annotations
 

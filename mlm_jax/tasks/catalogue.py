@@ -1,8 +1,7 @@
-"""The downstream suite's catalogue: every task in ../shared/data/downstream, its fine-tuning config
-(configs/finetune/NAME.py, `:fast` for the fast budget), its metric and what it is scored on.
+"""The downstream suite's catalogue: every task in ../shared/data/downstream, its budget, metric and scoring.
 
-`dev`, and XTREME's zero-shot `crosslingual` columns, decide which split may choose a checkpoint and
-which is reported (docs/design_notes.md#catalogue).
+Budgets are configs/finetune/NAME.py (`:fast` for the fast one); `dev` and XTREME's zero-shot `crosslingual`
+decide which split chooses a checkpoint and which is reported (docs/design_notes.md#catalogue).
 """
 from __future__ import annotations
 

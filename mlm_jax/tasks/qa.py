@@ -1,8 +1,7 @@
 """Extractive QA: SQuAD questions -> windowed features, and start/end logits -> answer text.
 
-Long paragraphs become windows `doc_stride` apart; answers are located and returned through the
-tokenizer's character offsets (an exact slice of the paragraph), and `best_span` never returns an
-invalid span. Details: docs/design_notes.md#qa.
+Long paragraphs become windows `doc_stride` apart; answers map to and from the tokenizer's character offsets
+(an exact slice of the paragraph), and `best_span` never returns an invalid span (docs/design_notes.md#qa).
 """
 from __future__ import annotations
 

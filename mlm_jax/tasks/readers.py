@@ -1,8 +1,7 @@
 """Labeled examples from local files in the common formats, as plain Python records.
 
-TSV / CSV / JSON lines, one file per class, CoNLL, CoNLL-U, TREC and SQuAD v1.1; .gz and remote paths
-read too, invalid UTF-8 replaced, every error naming the file and line. The formats:
-docs/design_notes.md#readers.
+TSV / CSV / JSON lines, one file per class, CoNLL, CoNLL-U, TREC and SQuAD v1.1; .gz and remote paths read too,
+invalid UTF-8 replaced, every error naming the file and line. The formats: docs/design_notes.md#readers.
 """
 from __future__ import annotations
 

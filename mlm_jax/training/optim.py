@@ -1,8 +1,7 @@
 """AdamW as BERT/RoBERTa train it: warmup, then linear or cosine decay; no decay on biases or norms.
 
-Also ModernBERT's recipe: a warmup-stable-decay schedule (`schedule='wsd'`) and per-tensor update
-clipping (`update_clip_rms`), the nearest optax equivalent of StableAdamW (how near:
-docs/design_notes.md#optim).
+Also ModernBERT's recipe: a warmup-stable-decay schedule (`schedule='wsd'`) and per-tensor update clipping
+(`update_clip_rms`), the nearest optax equivalent of StableAdamW (how near: docs/design_notes.md#optim).
 """
 from __future__ import annotations
 

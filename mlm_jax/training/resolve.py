@@ -1,8 +1,7 @@
 """The one resolution step: a loaded config + the workdir -> `Resolved(config, tokenizer, objective)`.
 
-The config comes back final, checked and frozen (it is written as WORKDIR/config.json); everything a
-run derives is derived here, and the objective is looked up here, once. What must exist on disk
-first is provision.py's.
+The config comes back final, checked and frozen (it is written as WORKDIR/config.json); everything a run derives
+is derived here, and the objective is looked up here, once. What must exist on disk first is provision.py's.
 """
 from __future__ import annotations
 

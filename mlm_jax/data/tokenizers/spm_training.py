@@ -1,8 +1,7 @@
 """Sentencepiece training with language-balanced sampling, in our special-token layouts.
 
-Language i with n_i lines gets a share q_i ∝ n_i^alpha of the trainer's sentences (XLM-R: 0.3); the
-xlmr layout's `<mask>` is appended last as a CONTROL piece, the bert layout's `[MASK]` is id 4.
-Why: docs/design_notes.md#spm_training.
+Language i gets a share q_i ∝ n_i^alpha of the trainer's sentences (XLM-R: alpha 0.3); xlmr's `<mask>` is
+appended last as a CONTROL piece, bert's `[MASK]` is id 4 (why: docs/design_notes.md#spm_training).
 """
 from __future__ import annotations
 
