@@ -17,8 +17,7 @@ import ml_collections
 
 from mlm_jax import runtime
 from mlm_jax.errors import UserError
-
-GIB = 2**30
+from mlm_jax.model.flops import GIB
 
 
 class AotError(UserError):
