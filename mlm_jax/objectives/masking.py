@@ -185,7 +185,8 @@ def mask_batch(batch, key, cfg: ml_collections.ConfigDict, vocab_size: int, exam
   """Masks a batch; `example_offset` is the global index of row 0 (for per-host or per-microbatch slices).
   `rate` (a traced scalar from a mask-rate schedule) overrides cfg.mask_rate.
 
-  Returns a new batch dict with corrupted `input_ids` and the slot arrays described above.
+  Returns a new batch dict with corrupted `input_ids` and masked_positions / masked_labels / masked_weights
+  [B, P] (docs/design_notes.md#masking).
   """
   ids = batch["input_ids"]
   b, s = ids.shape

@@ -112,7 +112,7 @@ def parse_oom(message: str) -> tuple[str, int, int] | None:
 
 
 def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> dict:
-  """Compile the train step for `topology`; a JSON-ready report (see the module docstring)."""
+  """Compile the train step for `topology`; a JSON-ready report (docs/design_notes.md#aot)."""
   from mlm_jax.model import sharding
   from mlm_jax.objectives import masking
   from mlm_jax.training import resolve, trainer as trainer_lib

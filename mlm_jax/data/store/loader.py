@@ -96,7 +96,7 @@ class _Stream:
 
 
 class StorePipeline:
-  """Host-local batches of a token store; see the module docstring."""
+  """Host-local batches of a token store (docs/design_notes.md#loader)."""
 
   def __init__(self, data_config, batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1, split: str = "train", cache_dir: Optional[str] = None):

@@ -42,7 +42,7 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 def encode_doc(ids: np.ndarray, word_starts: np.ndarray, line_ends: np.ndarray,
                dtype: np.dtype) -> bytes:
-  """One document -> its record bytes (see the module docstring for the layout)."""
+  """One document -> its record bytes (the layout: docs/design_notes.md#shards)."""
   header = np.array([MAGIC, len(ids), len(line_ends), dtype.itemsize], _HEADER)
   return b"".join((header.tobytes(), np.asarray(ids, dtype).tobytes(),
                    np.packbits(np.asarray(word_starts, np.uint8)).tobytes(),

@@ -122,7 +122,7 @@ class HFTokenizer(tokenizer_base.Tokenizer):
     return table.tolist()
 
   def tf_tokenize(self):
-    """Tokenizes a batch of strings in one `tf.numpy_function` call (see the module docstring)."""
+    """Tokenizes a batch of strings in one `tf.numpy_function` call (docs/design_notes.md#hf_tokenizers)."""
     import tensorflow as tf
     backend = self.backend
 
