@@ -239,7 +239,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.electra = electra_defaults()       # read when objective='electra'
 
   # ---- mesh and sharding (mlm_jax/model/sharding.py) ----
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Axis sizes over all devices (-1 = fill). On several TPU slices, dcn_* says how many slices each axis
+  # spans (the DCN part; the rest of the axis stays inside a slice's ICI); their product is the number
+  # of slices, -1 = the slices left. The default puts data parallelism across slices.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1, dcn_fsdp=1, dcn_tensor=1))
   s = c.sharding = ml_collections.ConfigDict()
   # logical axis -> mesh axis (or tuple of axes, or None = replicated). MaxText-style rules.
   s.rules = (
