@@ -31,6 +31,11 @@ def loop_defaults() -> ml_collections.ConfigDict:
   # After SIGTERM the loop saves at the next step boundary; a run that has not reached it this many
   # seconds later (stuck reading input) exits without saving. Preemption notices give ~30 s.
   t.sigterm_timeout_s = 25.0
+  # (first step, count): a jax.profiler trace of those steps into WORKDIR/tensorboard/plugins/profile
+  # (mlm_jax/training/profiling.py; tools/profile_summary.py); () = off. A process's first step compiles
+  # and is never traced: a window that includes it, or first = 0, starts at the next step.
+  t.profile_steps = ()
+  t.profile_all_hosts = False    # False: process 0 traces; True: every host writes its own trace
   return t
 
 

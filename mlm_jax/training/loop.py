@@ -37,6 +37,7 @@ from absl import logging
 
 from mlm_jax.errors import ConfigError, UserError
 from mlm_jax.model import flops, sharding
+from mlm_jax.training import profiling
 from mlm_jax.workdir import checkpoints, files as workdir_files, goodput
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
@@ -109,12 +110,14 @@ class Loop:
                  t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
     gp.begin_steps(start, writer.max_step_before)
-    status = "error"
+    status, self._profiler = "error", None
     try:
       last = self._steps(state, start, checkpointer, writer, watch)
       status = "preempted" if watch.preempted else "finished"
     finally:   # also on an error: a save still being written finishes, and is not lost
       watch.stop()
+      if self._profiler is not None:
+        self._profiler.close()
       with gp.phase("save"):
         checkpointer.close()
         if self._best is not None:
@@ -167,11 +170,14 @@ class Loop:
         self._probe(state, 0, writer)
     log = _Interval(self, start)
     last, step, m = {}, start, None
+    prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
     while step < t.steps:
       watch.phase = "input"
+      prof.begin(step)
       t0 = time.perf_counter()
       batch = sharding.global_batch(self.input.batch(step), trainer.batch_sharding)
       t1 = time.perf_counter()
+      prof.input_done()
       log.input_seconds += t1 - t0
       gp.seconds["input"] += t1 - t0
       watch.phase = "step"
@@ -181,6 +187,7 @@ class Loop:
       log.add(m)
       step += 1
       gp.step = step
+      prof.end(step, state)
       final = step == t.steps or watch.preempted
       if _every(step, t.log_every) or final:
         last = log.flush(step, writer)
