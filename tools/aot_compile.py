@@ -5,6 +5,7 @@
   python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5e:2x2,v5p:2x2x2 --json >> fit.jsonl
   python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5p:4x4x4 --num_slices=2 \
       --config.mesh.data=2 --config.mesh.fsdp=-1      # two slices joined by DCN: data across, fsdp inside
+  python tools/aot_compile.py --config=configs/bert_base.py --topology=h100:8   # NVIDIA GPUs: pip install -e '.[gpu]'
   python tools/aot_compile.py --table=fit.jsonl      # docs/tpu_fit.md's markdown table from those lines
   python tools/aot_compile.py --config=configs/bert_base.py --topology=v5p:2x2x2 --config.data.seq_len=512 \
       --config.model.attention_dropout=0 --config.model.attention_impl=splash   # or xla; scan_layers=true
@@ -36,7 +37,8 @@ from mlm_jax.training import aot
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.batch_size=4096.", lock_config=True)
 _TOPOLOGY = flags.DEFINE_list("topology", [], "TPU topologies, e.g. v5p:4x4x4 or v5e:2x2,v6e:2x2 "
-                              "(generation:chips per dimension).")
+                              "(generation:chips per dimension), or NVIDIA GPU hosts: h100:8, h200:2x8 "
+                              "(hosts x GPUs; needs the [gpu] extra).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON line per topology instead of the text report.")
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices of each topology joined by the data-center network "
                                    "(multi-slice); the mesh's dcn_* fields say which axes span them.")

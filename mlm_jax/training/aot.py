@@ -1,4 +1,4 @@
-"""Ahead-of-time compile of the train step for a TPU topology, from any host: will it fit, how fast?
+"""Ahead-of-time compile of the train step for a TPU (or NVIDIA GPU) topology, from any host: will it fit, how fast?
 
 libtpu (the `[tpu]` extra) describes TPU slices that are not attached
 (`jax.experimental.topologies.get_topology_desc`), so XLA's TPU compiler can compile the *exact*
@@ -18,6 +18,10 @@ XLA's cost analysis of an SPMD program is per device, so everything here is per 
 FLOPs are the global count divided by the number of devices. A "device" is a chip except on v4,
 whose compile-only topologies expose each of the two TensorCores of a chip as a device (HBM and
 peak are split between them accordingly).
+
+NVIDIA H100/H200 hosts ('h100:8', 'h200:2x8') compile with the CUDA plugin's compile-only devices
+(gpu_targets.py; `pip install -e '.[gpu]'`): memory and fit against the HBM share JAX takes, and
+the collectives; XLA:GPU gives a compile-only program no cost analysis, so no FLOPs or step time.
 
 Several slices (`num_slices`, as MaxText's train_compile) compile the multi-slice program: the mesh
 is the hybrid one of `config.mesh` and its `dcn_*` fields, and the report adds the collectives of
@@ -57,7 +61,19 @@ def topology_devices(name: str, num_slices: int = 1) -> list:
   while it initializes; they are harmless for compile-only use and are swallowed here (and
   shown if initialization really fails). ALLOW_MULTIPLE_LIBTPU_LOAD lets this run while another
   process (a test, a CPU run that probed libtpu) holds /tmp/libtpu_lockfile.
+
+  NVIDIA GPU topologies ('h100:8', 'h200:2x8': hosts x GPUs) come from the CUDA plugin's
+  compile-only devices (gpu_targets.py).
   """
+  from mlm_jax.training import gpu_targets
+  if gpu_targets.parse(name):
+    if num_slices > 1:
+      raise AotError(f"--num_slices={num_slices} is for TPU slices; GPU hosts are part of the topology: h100:HOSTSxGPUS")
+    try:
+      return gpu_targets.devices(name)
+    except ImportError:
+      raise AotError("the CUDA plugin is not installed: pip install -e '.[gpu]' (jax[cuda12] at jax's version; "
+                     "no GPU or driver needed to compile)") from None
   try:
     import libtpu  # noqa: F401
   except ImportError:
@@ -146,10 +162,16 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
   from mlm_jax.objectives import masking
   from mlm_jax.training import resolve, trainer as trainer_lib
 
-  run = resolve.resolve_for_compile(config)
-  config, notes = run.config, list(run.notes)
   devices = topology_devices(topology, num_slices)
+  platform = "gpu" if devices[0].platform in ("gpu", "cuda") else "tpu"
+  run = resolve.resolve_for_compile(config, platform)
+  config, notes = run.config, list(run.notes)
   kind, per_chip, hbm, peak = chip_spec(devices)
+  if platform == "gpu":   # JAX preallocates this share of a GPU's memory (launch/slurm.sbatch: 0.9)
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9"))
+    hbm = int(hbm * fraction)
+    notes.append(f"GPU: {fraction:.2f} of HBM usable (XLA_PYTHON_CLIENT_MEM_FRACTION); XLA:GPU gives no cost "
+                 "analysis for a compile-only program: memory and fit, no FLOPs or optimal time")
   try:
     mesh = sharding.make_mesh(config.mesh, devices=devices)
   except ValueError as e:
@@ -164,7 +186,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
   if int(config.optimizer.grad_accum_steps) > 1:
     notes.append("optimizer.grad_accum_steps > 1: XLA's cost analysis does not count every iteration of "
                  "the microbatch loop, so its FLOPs, optimal time and the MFU bound are too low")
-  slots = masking.max_predictions(config.masking, s, "tpu")
+  slots = masking.max_predictions(config.masking, s, platform)
   model_flops = run.objective.flops_per_token(config, s, slots) * b * s
   report = dict(
       topology=topology, num_slices=slices, device_kind=kind, devices=n, devices_per_chip=per_chip,
@@ -203,10 +225,10 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
   alias, temps, code = mem.alias_size_in_bytes, mem.temp_size_in_bytes, mem.generated_code_size_in_bytes
   total = args + outs - alias + temps + code
   cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
   xla_flops = float(cost.get("flops", 0.0))
   seconds = float(cost.get("optimal_seconds", 0.0))
-  if seconds <= 0:   # seen on 12-layer programs: XLA's cost model gives a negative time, i.e. none
+  if seconds <= 0 and platform == "tpu":   # seen on 12-layer programs: XLA's cost model gives a negative time
     notes.append(f"XLA's cost model gave no step time (optimal_seconds={seconds:.4g}); no MFU bound")
     seconds = 0.0
   if config.model.attention_impl != "xla":
@@ -308,9 +330,11 @@ def format_text(report: dict, config_name: str = "") -> str:
               f"    code         {gib(report['code_bytes'])}",
               f"    total        {gib(report['total_bytes'])}  of {gib(report['hbm_bytes']).strip()} HBM "
               f"({100 * report['total_bytes'] / report['hbm_bytes']:.0f}%)",
-              f"  step FLOPs per device: XLA {report['xla_flops_per_device']:.4g}, flops.py "
-              f"{report['model_flops_per_device']:.4g} "
-              f"(ratio {report['xla_flops_per_device'] / report['model_flops_per_device']:.3f})",
+              (f"  step FLOPs per device: XLA {report['xla_flops_per_device']:.4g}, flops.py "
+               f"{report['model_flops_per_device']:.4g} "
+               f"(ratio {report['xla_flops_per_device'] / report['model_flops_per_device']:.3f})"
+               if report["xla_flops_per_device"] else
+               f"  step FLOPs per device: flops.py {report['model_flops_per_device']:.4g} (XLA: n/a)"),
               (f"  XLA optimal time {1e3 * report['optimal_seconds']:.2f} ms/step -> MFU bound "
                f"{100 * report['mfu_bound']:.1f}% (peak {report['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
                if report["mfu_bound"] else "  XLA optimal time: n/a")]
@@ -332,7 +356,8 @@ def collective_lines(report: dict) -> list[str]:
   multi = report.get("num_slices", 1) > 1
   mib = lambda x: f"{x / 2**20:.1f} MiB"
   parts = [f"{k} {v['count']} ({mib(v['bytes'])})" for k, v in kinds.items() if v["count"]]
-  lines = ["  collectives inside a slice (ICI): " + (", ".join(parts) or "none")]
+  where = "" if report["device_kind"].startswith("NVIDIA") else " inside a slice (ICI)"
+  lines = [f"  collectives{where}: " + (", ".join(parts) or "none")]
   if multi:
     parts = [f"{k} {v['cross_slice']} ({mib(v['dcn_payload_bytes'])})" for k, v in kinds.items() if v["cross_slice"]]
     lines.append("  collectives across slices (DCN): " + (", ".join(parts) or "none"))
