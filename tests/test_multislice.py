@@ -88,3 +88,19 @@ def test_a_product_that_does_not_match_the_slices_is_one_line(axes, expected):
 def test_older_mesh_configs_without_dcn_fields_still_build():
   cfg = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   assert sharding.make_mesh(cfg, jax.devices()[:8]).shape == {"data": 8, "fsdp": 1, "tensor": 1}
+
+
+def test_tpu_vm_launch_of_two_slices_creates_a_queued_resource_and_runs_on_every_node():
+  import subprocess
+  from subproc import REPO
+  out = subprocess.run(["bash", "launch/tpu_vm.sh", "--dry-run", "--name=t", "--zone=z", "--accelerator=v5p-64",
+                        "--num_slices=2", "--", "--config=configs/xlmr_base.py", "--workdir=gs://b/r",
+                        "--config.mesh.data=2", "--config.mesh.fsdp=-1"], cwd=REPO, capture_output=True, text=True,
+                       check=True).stdout.splitlines()
+  assert any("queued-resources create t" in l and "--node-count=2" in l and "--node-prefix=t" in l for l in out), out
+  runs = [l for l in out if "mlm_jax.train" in l]
+  assert len(runs) == 2 and all("--worker=all" in l and "MLM_JAX_DISTRIBUTED=1" in l for l in runs), runs
+  assert {l.split(" ssh ")[1].split()[0] for l in runs} == {"t-0", "t-1"}
+  bad = subprocess.run(["bash", "launch/tpu_vm.sh", "--dry-run", "--name=t", "--zone=z", "--accelerator=v5p-8",
+                        "--num_slices=0", "--", "--workdir=gs://b/r"], cwd=REPO, capture_output=True, text=True)
+  assert bad.returncode == 2 and "--num_slices" in bad.stderr
