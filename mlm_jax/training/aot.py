@@ -410,7 +410,8 @@ def table_row(report: dict) -> str:
   cells = [report.get("config", ""), f"`{report['topology']}`", mesh, str(report["batch_per_device"]),
            g(report["state_bytes"]), temps, f"{total} / {g(report['hbm_bytes'])}",
            "yes" if report["fits"] else "**no**",
-           f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled and not report.get("scan_layers") else "",
+           f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled and not report.get("scan_layers")
+           and report.get("xla_flops_per_device") else "",
            f"{report['model_flops_per_device'] / 1e12:.2f}",
            f"{1e3 * report['optimal_seconds']:.0f}" if compiled and report["optimal_seconds"] > 0 else "",
            f"{100 * report['mfu_bound']:.0f}%" if compiled and report.get("mfu_bound") else "",
