@@ -42,6 +42,9 @@ setup(
         # libtpu, for compiling against TPU topologies on any host (tools/aot_compile.py). Same range
         # as the jax requirement: pip keeps the installed jax, whose [tpu] extra pins jaxlib and libtpu.
         "tpu": ["jax[tpu]>=0.10.0,<0.11"],
+        # CUDA 12 jaxlib plugin and libraries: training on NVIDIA GPUs, and compiling for H100/H200 topologies
+        # on any host without a GPU (tools/aot_compile.py --topology=h100:8).
+        "gpu": ["jax[cuda12]>=0.10.0,<0.11"],
     },
     entry_points={
         "console_scripts": [

@@ -229,7 +229,9 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
   """Joins JAX's multi-controller runtime when this is one process of several; else does nothing.
 
   Explicit arguments (or MLM_JAX_COORDINATOR / MLM_JAX_NUM_PROCESSES / MLM_JAX_PROCESS_ID) win;
-  otherwise TPU VM slices and SLURM jobs are detected by JAX itself. On CPU the processes talk
+  otherwise TPU VM slices and SLURM jobs are detected by JAX itself (multi-slice TPU jobs by the
+  MEGASCALE_* variables the TPU runtime sets, or MLM_JAX_DISTRIBUTED=1, which launch/tpu_vm.sh
+  --num_slices sets for slices of one host each). On CPU the processes talk
   through gloo, so several processes on one machine form one job (tests, launch/local_multiprocess.sh).
   A process that stops heart-beating makes the others fail after `heartbeat_timeout_s` instead of
   waiting forever in a collective.
@@ -250,7 +252,8 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     jax.distributed.initialize(coordinator_address, num_processes, process_id, **kw)
   elif os.environ.get("SLURM_JOB_ID") and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
     jax.distributed.initialize(**kw)
-  elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+  elif (os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1 or os.environ.get("MEGASCALE_COORDINATOR_ADDRESS")
+        or os.environ.get("MLM_JAX_DISTRIBUTED") == "1"):   # several hosts of a slice, or several slices
     jax.distributed.initialize(**kw)
   else:
     return

@@ -112,3 +112,25 @@ def test_parse_oom_reads_both_xla_messages():
   assert aot.parse_oom("Ran out of memory in memory space hbm. Used 20.50G of 15.48G hbm. Exceeded hbm "
                        "capacity by 5.02G.") == ("total", gib(20.5), gib(15.48))
   assert aot.parse_oom("INTERNAL: something else") is None
+
+
+def test_two_slices_put_data_across_the_dcn_and_name_the_collectives_that_cross_it(tmp_path):
+  """2 x v5e:2x2 (8 chips in 2 slices): the default dcn_data=-1 puts the data axis across slices, so the
+  gradient all-reduce crosses the DCN (about the parameters' bytes per device: fsdp x tensor shard them
+  inside a slice) while fsdp and tensor traffic stays on ICI."""
+  p = _tool(*TINY, "--topology=v5e:2x2", "--num_slices=2", "--config.train.batch_size=64", "--config.mesh.data=2",
+            "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--json")
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  r = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][0])
+  assert r["num_slices"] == 2 and r["devices"] == 8 and r["devices_per_chip"] == 1
+  assert r["dcn_mesh"] == {"data": 2, "fsdp": 1, "tensor": 1} and r["fits"]
+  dcn = {k: v for k, v in r["collectives"].items() if v["cross_slice"]}
+  assert "all-reduce" in dcn, r["collectives"]
+  params_bytes = r["state_bytes"] / 3   # fp32 params + AdamW mu and nu, sharded alike
+  assert 0.5 * params_bytes < dcn["all-reduce"]["dcn_payload_bytes"] < 2 * params_bytes, (dcn, params_bytes)
+  assert r["collectives"]["all-gather"]["count"] > 0   # fsdp's parameter gathers, inside a slice
+  assert r["dcn_gbps_per_chip"] == 25.0 and r["dcn_seconds"] == pytest.approx(
+      r["dcn_bytes_per_device"] * 8 / 25e9)
+  (tmp_path / "fit.jsonl").write_text(json.dumps(r) + "\n")
+  text = _tool(f"--table={tmp_path / 'fit.jsonl'}").stdout
+  assert "| demo | 2 x `v5e:2x2` | 2/2/2 | 2/1/1 |" in text, text

@@ -222,9 +222,14 @@ def test_ner_and_qa_from_converted_folder(hf_folder, shared_data, tmp_path):
   ner = _config("token", train_files=(str(d / "ner_uner/en_ewt-ud-dev.iob2.gz"),),
                 eval_files=(str(d / "ner_uner/en_ewt-ud-test.iob2.gz"),), token_column=1, tag_column=2,
                 max_train_examples=200, max_eval_examples=50)
-  ner.train.update(dict(steps=4, eval_every=4))
+  ner.train.update(dict(steps=4, eval_every=4, profile_steps=(2, 2)))   # fine-tuning profiles as pretraining does
   r = finetuner.finetune(ner, str(tmp_path / "ner"), init_from=hf_folder)
   assert 0.0 <= r["eval_f1"] <= 1.0 and "eval_token_accuracy" in r
+  from mlm_jax.training import trace_summary
+  profile = trace_summary.summarize(trace_summary.find_traces(str(tmp_path / "ner"))[0])
+  assert [s["step"] for s in profile["steps"]] == [2, 3] and profile["ops"], profile["steps"]
+  seconds = json.loads((tmp_path / "ner" / "goodput.json").read_text())["segments"][0]["seconds"]
+  assert seconds["step"] > 0 and seconds["eval"] > 0 and seconds["compile"] > 0
   text = (tmp_path / "ner" / "predictions.conll").read_text().strip().split("\n\n")
   assert len(text) == 50 and all(len(line.split()) == 3 for s in text for line in s.splitlines())
   # The from_hf folder written for the first run is itself a valid init_from.

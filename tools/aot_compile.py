@@ -3,6 +3,9 @@
 
   python tools/aot_compile.py --config=configs/xlmr_large.py --topology=v5p:4x4x4 [--config.x=y ...]
   python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5e:2x2,v5p:2x2x2 --json >> fit.jsonl
+  python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5p:4x4x4 --num_slices=2 \
+      --config.mesh.data=2 --config.mesh.fsdp=-1      # two slices joined by DCN: data across, fsdp inside
+  python tools/aot_compile.py --config=configs/bert_base.py --topology=h100:8   # NVIDIA GPUs: pip install -e '.[gpu]'
   python tools/aot_compile.py --table=fit.jsonl      # docs/tpu_fit.md's markdown table from those lines
   python tools/aot_compile.py --config=configs/bert_base.py --topology=v5p:2x2x2 --config.data.seq_len=512 \
       --config.model.attention_dropout=0 --config.model.attention_impl=splash   # or xla; scan_layers=true
@@ -11,6 +14,8 @@ Needs libtpu (`pip install -e '.[tpu]'`), not a TPU. Prints per device memory ag
 XLA's step time (what each figure means: docs/design_notes.md#toolsaot_compilepy). Exit status: 0 when
 the step fits on every topology given, 1 when it does not fit on one (with a one-line "does not fit:
 ..." on stderr saying by how much and what would help), 2 when it could not be checked.
+With --num_slices > 1 it adds the collectives crossing the data-center network and their time at the
+chip's DCN bandwidth (--dcn_gbps); --json writes one JSON line per topology.
 """
 import json
 import os
@@ -26,18 +31,24 @@ from mlm_jax.training import aot
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.batch_size=4096.", lock_config=True)
 _TOPOLOGY = flags.DEFINE_list("topology", [], "TPU topologies, e.g. v5p:4x4x4 or v5e:2x2,v6e:2x2 "
-                              "(generation:chips per dimension).")
+                              "(generation:chips per dimension), or NVIDIA GPU hosts: h100:8, h200:2x8 "
+                              "(hosts x GPUs; needs the [gpu] extra).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON line per topology instead of the text report.")
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices of each topology joined by the data-center network "
+                                   "(multi-slice); the mesh's dcn_* fields say which axes span them.")
+_DCN_GBPS = flags.DEFINE_float("dcn_gbps", 0.0, "DCN bandwidth per chip in Gbit/s for the DCN time (0 = the "
+                               "chip's published figure: v5p 50, v5e 25).")
 _TABLE = flags.DEFINE_string("table", "", "Render the markdown table from a file of --json lines and exit.")
 
 
 def _table(path: str) -> None:
   with open(path) as f:
     reports = [json.loads(line) for line in f if line.strip()]
-  print(aot.TABLE_HEADER)
+  multi = any(r.get("num_slices", 1) > 1 for r in reports)
+  print(aot.MULTISLICE_HEADER if multi else aot.TABLE_HEADER)
   # Whatever order the lines were written in: by config, then slice size.
   for r in sorted(reports, key=lambda r: (r.get("config", ""), r["devices"], r["topology"])):
-    print(aot.table_row(r))
+    print(aot.multislice_row(r) if multi else aot.table_row(r))
 
 
 def main(argv):
@@ -52,7 +63,7 @@ def main(argv):
   misfits = []
   for topology in _TOPOLOGY.value:
     try:
-      report = aot.compile_train_step(_CONFIG.value, topology)
+      report = aot.compile_train_step(_CONFIG.value, topology, _NUM_SLICES.value, _DCN_GBPS.value)
     except UserError as e:   # AotError and the config checks: one line, no traceback
       runtime.report_user_error(e)
       sys.exit(2)

@@ -30,6 +30,11 @@ def loop_defaults() -> ml_collections.ConfigDict:
   # After SIGTERM the loop saves at the next step boundary; a run that has not reached it this many
   # seconds later (stuck reading input) exits without saving. Preemption notices give ~30 s.
   t.sigterm_timeout_s = 25.0
+  # (first step, count): a jax.profiler trace of those steps into WORKDIR/tensorboard/plugins/profile
+  # (mlm_jax/training/profiling.py; tools/profile_summary.py); () = off. A process's first step compiles
+  # and is never traced: a window that includes it, or first = 0, starts at the next step.
+  t.profile_steps = ()
+  t.profile_all_hosts = False    # False: process 0 traces; True: every host writes its own trace
   return t
 
 
@@ -236,7 +241,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.electra = electra_defaults()       # read when objective='electra'
 
   # ---- mesh and sharding (mlm_jax/model/sharding.py) ----
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Axis sizes over all devices (-1 = fill). On several TPU slices, dcn_* says how many slices each axis
+  # spans (the DCN part; the rest of the axis stays inside a slice's ICI); their product is the number
+  # of slices, -1 = the slices left. The default puts data parallelism across slices.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1, dcn_fsdp=1, dcn_tensor=1))
   s = c.sharding = ml_collections.ConfigDict()
   # logical axis -> mesh axis (or tuple of axes, or None = replicated). MaxText-style rules.
   s.rules = (

@@ -3,6 +3,7 @@
 It owns what every run needs and nothing an objective decides: restore or start, the step, logging
 with one host sync per `log_every`, evaluation and probes, checkpoints with the input's position,
 and SIGTERM (save at the step boundary, exit 0). What each cadence does: docs/design_notes.md#loop.
+It also accounts the run's wall time (goodput, workdir/goodput.py) and traces `train.profile_steps`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from absl import logging
 
 from mlm_jax.errors import ConfigError, UserError
 from mlm_jax.model import flops, sharding
-from mlm_jax.workdir import checkpoints, files as workdir_files
+from mlm_jax.training import profiling
+from mlm_jax.workdir import checkpoints, files as workdir_files, goodput
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
 
@@ -80,6 +82,7 @@ class Loop:
   def run(self) -> dict:
     """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
     t = self.train_config
+    gp = self._goodput = goodput.Recorder(self.workdir, enabled=jax.process_index() == 0)
     checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
     self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
@@ -90,14 +93,23 @@ class Loop:
     logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, t.steps,
                  t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
+    gp.begin_steps(start, writer.max_step_before)
+    status, self._profiler = "error", None
     try:
       last = self._steps(state, start, checkpointer, writer, watch)
+      status = "preempted" if watch.preempted else "finished"
     finally:   # also on an error: a save still being written finishes, and is not lost
       watch.stop()
-      checkpointer.close()
-      if self._best is not None:
-        self._best.checkpointer.close()
+      if self._profiler is not None:
+        self._profiler.close()
+      with gp.phase("save"):
+        checkpointer.close()
+        if self._best is not None:
+          self._best.checkpointer.close()
       writer.close()
+      summary = gp.close(gp.step, status)
+      if summary:
+        logging.info("%s", summary)
     self.preempted = watch.preempted
     return last
 
@@ -106,7 +118,8 @@ class Loop:
     if latest is None:
       return self.init_state()
     abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
-    state, saved = checkpointer.restore(latest, abstract)
+    with self._goodput.phase("restore"):
+      state, saved = checkpointer.restore(latest, abstract)
     self.input.set_state(saved)
     if self._best is not None:
       self._best.set_state(saved)
@@ -131,37 +144,53 @@ class Loop:
     return result
 
   def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
-    t, trainer = self.train_config, self.trainer
+    t, trainer, gp = self.train_config, self.trainer, self._goodput
     key = jax.random.key(trainer.config.seed)
     if self.evaluate is not None and t.eval_at_start and start == 0:
-      self._eval(state, 0, writer)
+      with gp.phase("eval"):
+        self._eval(state, 0, writer)
     if self.probe is not None and t.eval_at_start and start == 0:
-      self._probe(state, 0, writer)
+      with gp.phase("probe"):
+        self._probe(state, 0, writer)
     log = _Interval(self, start)
     last, step, m = {}, start, None
+    prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
     while step < t.steps:
       watch.phase = "input"
+      prof.begin(step)
       t0 = time.perf_counter()
       batch = sharding.global_batch(self.input.batch(step), trainer.batch_sharding)
-      log.input_seconds += time.perf_counter() - t0
+      t1 = time.perf_counter()
+      prof.input_done()
+      log.input_seconds += t1 - t0
+      gp.seconds["input"] += t1 - t0
       watch.phase = "step"
       state, m = trainer.train_step(state, batch, key)
+      if step == start:   # this process's first step: tracing and compiling it
+        gp.seconds["compile"] += time.perf_counter() - t1
       log.add(m)
       step += 1
+      gp.step = step
+      prof.end(step, state)
       final = step == t.steps or watch.preempted
       if _every(step, t.log_every) or final:
         last = log.flush(step, writer)
+        gp.mark(step)
       if self.evaluate is not None and (_every(step, t.eval_every) or step == t.steps) and not watch.preempted:
         watch.phase = "input"
-        last.update(self._eval(state, step, writer))
+        with gp.phase("eval"):
+          last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
       if self.probe is not None and (_every(step, t.probe_every) or step == t.steps) and not watch.preempted:
         watch.phase = "input"
-        last.update(self._probe(state, step, writer))
+        with gp.phase("probe"):
+          last.update(self._probe(state, step, writer))
         log.restart()
       if _every(step, t.save_every) or step == t.steps or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"
-        self._save(checkpointer, state, m, step)
+        with gp.phase("save"):
+          self._save(checkpointer, state, m, step)
+        gp.mark(step)
       if watch.preempted:
         logging.info("SIGTERM: saved step %d, exiting", step)
         break
@@ -215,7 +244,7 @@ class _Interval:
                 tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
                 real_tokens_per_sec=real_tokens_per_sec, real_fraction=real / max(slots, 1),
                 mfu=flops.mfu(real_tokens_per_sec, loop.flops_per_token, self.peak),
-                input_wait_fraction=min(self.input_seconds / seconds, 1.0),
+                input_wait_fraction=min(self.input_seconds / seconds, 1.0), goodput=loop._goodput.fraction(),
                 skipped_nonfinite=int(round(since - float(host["finite"]))))
     eta = (t.steps - step) * (now - self.t_start) / max(step - self.start, 1)
     writer.write(line)

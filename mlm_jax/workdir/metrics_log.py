@@ -15,13 +15,17 @@ class MetricsWriter:
     self.enabled = enabled
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
+    self.max_step_before = 0   # the newest step the file held before it was cut back (a killed run's last log)
     if not enabled:
       return
     import tensorflow as tf
     self._tf = tf
     if truncate_after is not None and tf.io.gfile.exists(self.path):
       with tf.io.gfile.GFile(self.path) as f:
-        kept = [l for l in f if l.strip() and json.loads(l).get("step", 0) <= truncate_after]
+        lines = [l for l in f if l.strip()]
+      steps = [json.loads(l).get("step", 0) for l in lines]
+      self.max_step_before = max(steps, default=0)
+      kept = [l for l, s in zip(lines, steps) if s <= truncate_after]
       with tf.io.gfile.GFile(self.path, "w") as f:
         f.write("".join(kept))
     self._file = tf.io.gfile.GFile(self.path, "a")
