@@ -202,14 +202,28 @@ def memory_policy() -> str:
 
 
 def setup_logging() -> None:
-  """INFO on process 0, WARNING elsewhere; orbax below ERROR only with --verbosity>=1."""
+  """INFO on process 0, WARNING elsewhere; orbax's own log only with --verbosity>=1 (its failures reach
+  the caller as exceptions, which the binaries report in one line: a failed save's background threads
+  would otherwise print a traceback each)."""
   import jax
   from absl import logging
   v = configure()
   if v < 1:
     logging.set_verbosity(logging.INFO if jax.process_index() == 0 else logging.WARNING)
-    error = logging.converter.ABSL_TO_STANDARD[logging.ERROR]
-    logging.get_absl_handler().addFilter(lambda r: r.levelno >= error or "/orbax/" not in r.pathname)
+    logging.get_absl_handler().addFilter(lambda r: not _from_orbax(r))
+
+
+def _from_orbax(record) -> bool:
+  """A record of orbax's, or asyncio's 'exception was never retrieved' about a future of orbax's."""
+  if "/orbax/" in record.pathname:
+    return True
+  if record.name == "asyncio" and record.exc_info and record.exc_info[2] is not None:
+    tb = record.exc_info[2]
+    while tb is not None:
+      if "/orbax/" in tb.tb_frame.f_code.co_filename:
+        return True
+      tb = tb.tb_next
+  return False
 
 
 def add_verbosity_flag(parser) -> None:
@@ -289,6 +303,13 @@ def report_user_error(e: Exception) -> None:
   print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
 
 
+def _logs_to_file() -> bool:
+  """Whether absl writes its log to a file (--log_dir) rather than to the console's stderr."""
+  from absl import logging
+  stream = getattr(logging.get_absl_handler().python_handler, "stream", sys.stderr)
+  return stream not in (sys.stderr, sys.__stderr__)
+
+
 def run(main: Callable[[list], None], exit_code: int = 1) -> None:
   """app.run(main) with one-line errors: a UserError from main exits `exit_code`, and a --config.*
   override naming a key that does not exist exits 2.
@@ -305,8 +326,9 @@ def run(main: Callable[[list], None], exit_code: int = 1) -> None:
     try:
       return main(argv)
     except UserError as e:
-      from absl import logging
-      logging.error("%s", e)   # also in the absl log file, where one is kept
+      if _logs_to_file():   # the log file keeps it too; on the console the error line alone says it
+        from absl import logging
+        logging.error("%s", e)
       report_user_error(e)
       sys.exit(exit_code)
 

@@ -16,7 +16,7 @@ from mlm_jax.data import inputs
 from mlm_jax.evaluation import heldout, probe
 from mlm_jax.model import sharding
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
-from mlm_jax.workdir import files as workdir_files
+from mlm_jax.workdir import files as workdir_files, lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
                                           "as --config.train.steps=100.", lock_config=True)
@@ -39,6 +39,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
   `--config.*` values, which must agree with an `init_from` source (resolve.bind_init_from)."""
   runtime.tensorflow()
   workdir = workdir_files.make_workdir(workdir)
+  with lock.held(workdir, config.train.lock_stale_hours, jax.process_index()):
+    return _train(config, workdir, overrides)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None) -> dict:
   run = resolve.resolve_pretraining(config, workdir, overrides)
   config = run.config
   trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), run.objective(config))

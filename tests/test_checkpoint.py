@@ -31,3 +31,47 @@ def test_replicated_arrays_save_without_compiling_and_restore(tmp_path):
   assert data == {"position": 3}
   for k, v in state.items():
     np.testing.assert_array_equal(np.asarray(restored[k]), np.asarray(v), err_msg=k)
+
+
+def _truncate_largest_file(folder):
+  files = [p for p in folder.rglob("*") if p.is_file()]
+  biggest = max(files, key=lambda p: p.stat().st_size)
+  with open(biggest, "r+b") as f:
+    f.truncate(biggest.stat().st_size // 2)
+
+
+def test_an_unreadable_newest_checkpoint_is_set_aside_for_the_previous_one(tmp_path):
+  """'fallback' (the default) restores the newest checkpoint that restores and moves the unreadable
+  newer one to <step>.corrupt, kept; 'refuse' stops with its one-line error; a config mismatch is never
+  taken for corruption."""
+  import pytest
+  from mlm_jax.errors import CheckpointError
+  state = lambda v: {"w": jnp.full((64, 64), v, jnp.float32), "step": jnp.asarray(v, jnp.int32)}
+  ckpt = checkpoints.Checkpointer(str(tmp_path), async_save=False)
+  for step in (1, 2):
+    ckpt.save(step, state(step), {"rows": step})
+  ckpt.close()
+  _truncate_largest_file(tmp_path / "checkpoints" / "2")
+  abstract = checkpoints.single_device(jax.eval_shape(lambda: state(0)))
+
+  refusing = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(checkpoints.Unreadable, match=r"checkpoints/2 .*on_corrupt_checkpoint='refuse'") as e:
+    refusing.restore_newest(abstract, "refuse")
+  assert "\n" not in str(e.value)
+  refusing.close()
+  wrong = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32), "step": jax.ShapeDtypeStruct((), jnp.int32)}
+  mismatch = checkpoints.Checkpointer(str(tmp_path))
+  with pytest.raises(CheckpointError, match="has shape") as e:
+    mismatch.restore_newest(checkpoints.single_device(wrong))
+  assert not isinstance(e.value, checkpoints.Unreadable)
+  mismatch.close()
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]
+
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  step, restored, data = ckpt.restore_newest(abstract)
+  assert step == 1 and data == {"rows": 1} and float(restored["w"][0, 0]) == 1.0
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2.corrupt"]
+  assert ckpt.all_steps() == [1]
+  ckpt.save(2, state(2), {"rows": 2})   # step 2 is written again beside the one set aside
+  ckpt.close()
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2", "2.corrupt"]

@@ -2,6 +2,7 @@
 import collections
 import gzip
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -222,7 +223,41 @@ def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
     stream.Pipeline(cfg, other, 4, seed=0).set_state(state)
   # checkpoints written before the tokenizer's sha256 was part of the fingerprint still resume
   same = stream.Pipeline(cfg, tok, 4, seed=0)
-  same.set_state(dict(state, fingerprint=same._fingerprints(same.fit)[1]))
+  same.set_state(dict(state, fingerprint=same._fingerprints(same.fit)[2]))
+
+
+def _text_corpus(shared_data, folder, lines=3000):
+  """A plain-text copy of the first `lines` English sentences, as folder/en/part.txt."""
+  with gzip.open(shared_data / LEIPZIG_EN, "rt", encoding="utf-8") as f:
+    text = "".join(line.split("\t", 1)[1] for _, line in zip(range(lines), f))
+  (folder / "en").mkdir(parents=True)
+  (folder / "en" / "part.txt").write_text(text, encoding="utf-8")
+
+
+def test_a_moved_corpus_resumes_and_a_changed_one_is_refused(shared_data, tok, tmp_path):
+  """The fingerprint holds the files' names under their glob's root, sizes and sampled hashes, not
+  their paths: the corpus copied elsewhere resumes onto the same batches; a file edited is refused; a
+  state written when the fingerprint held the paths resumes on those paths."""
+  here, there = tmp_path / "disk1" / "corpus", tmp_path / "disk2" / "moved"
+  _text_corpus(shared_data, here)
+  cfg = lambda root: _cfg(sources=(f"en={root}/*/*.txt",), seq_len=32, shuffle_buffer=50)
+  run = stream.Pipeline(cfg(here), tok, 4, seed=3)
+  for _ in range(3):
+    next(run)
+  state = json.loads(json.dumps(run.get_state()))
+  want = next(run)
+  shutil.copytree(here, there)
+  moved = stream.Pipeline(cfg(there), tok, 4, seed=3)
+  moved.set_state(state)
+  got = next(moved)
+  assert all((got[k] == want[k]).all() for k in stream.FEATURES)
+  old = stream.Pipeline(cfg(here), tok, 4, seed=3)
+  old.set_state(dict(state, fingerprint=old._fingerprints(old.fit)[1]))   # the paths, as written before
+  assert (next(old)["input_ids"] == want["input_ids"]).all()
+  with open(there / "en" / "part.txt", "a", encoding="utf-8") as f:
+    f.write("One more sentence that changes the stream.\n")
+  with pytest.raises(DataError, match="the data config differs"):
+    stream.Pipeline(cfg(there), tok, 4, seed=3).set_state(state)
 
 
 def test_hosts_cover_the_epoch(shared_data, tok):

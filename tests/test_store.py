@@ -2,6 +2,7 @@
 import collections
 import gc
 import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -368,3 +369,27 @@ def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
   p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
                      timeout=120)
   assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_a_moved_store_resumes_and_old_states_resume_in_place(store, tmp_path):
+  """A store copied to another path is the same store (its manifest names it, not its path); a state
+  written when the config's paths were part of it still resumes on those paths."""
+  c = _cfg(store, tmp_path)
+  run = _pipe(c, tmp_path)
+  for _ in range(3):
+    next(run)
+  state = json.loads(json.dumps(run.get_state()))
+  want = next(run)
+  moved = str(tmp_path / "other_disk" / "store")
+  shutil.copytree(store, moved)
+  again = _pipe(_cfg(moved, tmp_path), tmp_path)
+  again.set_state(state)
+  got = next(again)
+  for k in loader.FEATURES:
+    np.testing.assert_array_equal(got[k], want[k])
+  legacy = dict(state, config=dict(state["config"], sources=list(c.sources)))   # the path, as written before
+  in_place = _pipe(c, tmp_path)
+  in_place.set_state(legacy)
+  np.testing.assert_array_equal(next(in_place)["input_ids"], want["input_ids"])
+  with pytest.raises(DataError, match=r"data\.sources changed"):
+    _pipe(_cfg(moved, tmp_path), tmp_path).set_state(legacy)

@@ -35,6 +35,10 @@ def _cmd(workdir, data, *overrides, steps=12):
   return base + list(overrides)
 
 
+# The length of a run that a test kills: it cannot end before the kill lands, however fast the host.
+RUNS_ON = 100000
+
+
 def _run(cmd, timeout=300):
   return subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=timeout)
 
@@ -161,22 +165,31 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
     reference = subprocess.Popen(cmd(straight, f"--config.train.save_every={n}"), cwd=REPO, env=cpu_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-  # Same command; kill -9 once checkpoint n is committed and training has gone past it.
-  # Evaluating every step slows the steps down so the kill lands mid-run.
+  # The same command but for its length: a run that cannot end by itself (RUNS_ON steps) is killed with
+  # -9 once checkpoint n is committed and step n + 1 is logged, wherever it then is; the rerun (2n steps)
+  # resumes from its newest checkpoint. Evaluating every step slows the steps down, so the kill lands
+  # long before checkpoint 2n (asserted: the comparison needs steps past the checkpoint resumed from).
   killed = tmp_path / "killed"
-  killed_cmd = cmd(killed, f"--config.train.save_every={n}", "--config.train.eval_every=1",
-                   "--config.train.eval_batches=8")
-  proc = subprocess.Popen(killed_cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
-      workers = _store_workers(proc.pid)
-      proc.send_signal(signal.SIGKILL)
-      break
-    time.sleep(0.02)
-  proc.wait()
-  assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-  assert max(_losses(killed)) < 2 * n
+  resume_cmd = cmd(killed, f"--config.train.save_every={n}")
+  killed_cmd = resume_cmd + [f"--config.train.steps={RUNS_ON}", "--config.train.eval_every=1",
+                             "--config.train.eval_batches=8"]
+  log = open(tmp_path / "killed.log", "w+")   # a file, not a pipe: a full pipe would stall the run
+  proc = subprocess.Popen(killed_cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=log)
+  workers = []
+  try:
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+      if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
+        workers = _store_workers(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        break
+      time.sleep(0.02)
+  finally:
+    proc.kill()
+    proc.wait()
+  log.seek(0)
+  assert proc.returncode == -signal.SIGKILL, log.read()[-3000:]
+  assert max(_steps(killed)) < 2 * n, _steps(killed)
   assert len(workers) == (2 if objective == "store" else 0)
   deadline = time.time() + 20
   while _alive(workers) and time.time() < deadline:   # a worker ends when its stdin closes
@@ -188,11 +201,13 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   ref = _losses(straight)
   assert sorted(ref) == list(range(1, 2 * n + 1))
 
-  p = _run(killed_cmd)
+  resumed_from = max(_steps(killed))
+  p = _run(resume_cmd)
   assert p.returncode == 0, p.stderr[-3000:]
+  assert f"resuming from step {resumed_from}" in p.stderr
   got = _losses(killed)
   assert sorted(got) == list(range(1, 2 * n + 1))
-  for s in range(n + 1, 2 * n + 1):
+  for s in range(resumed_from + 1, 2 * n + 1):
     assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
   # padding is not work: the log counts real tokens (best-fit packing: nearly every slot)
   last = [json.loads(l) for l in open(killed / "metrics.jsonl") if '"loss"' in l][-1]
@@ -263,18 +278,21 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
 def test_sigterm_saves_current_step_and_rerun_continues(tmp_path, corpus_and_tokenizer):
   wd = tmp_path / "run"
   cmd = _cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1000", "--config.train.eval_every=1",
-             "--config.train.eval_batches=8", steps=400)
+             "--config.train.eval_batches=8", steps=RUNS_ON)   # it cannot end before the signal lands
   proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 240
-  while time.time() < deadline and proc.poll() is None:
-    if os.path.exists(wd / "metrics.jsonl") and max(_losses(wd), default=0) >= 3:
-      proc.send_signal(signal.SIGTERM)
-      break
-    time.sleep(0.05)
-  _, err = proc.communicate(timeout=240)
+  try:
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+      if os.path.exists(wd / "metrics.jsonl") and max(_losses(wd), default=0) >= 3:
+        proc.send_signal(signal.SIGTERM)
+        break
+      time.sleep(0.05)
+    _, err = proc.communicate(timeout=240)
+  finally:
+    proc.kill()
   assert proc.returncode == 0, err[-3000:]
   last_logged = max(_losses(wd))
-  assert _steps(wd) == [last_logged] and last_logged < 400
+  assert _steps(wd) == [last_logged] and last_logged < RUNS_ON
 
   p = _run(cmd[:-1] + [f"--config.train.steps={last_logged + 2}"])
   assert p.returncode == 0, p.stderr[-3000:]
@@ -288,9 +306,10 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
   big = ["--config.model.hidden_size=256", "--config.model.intermediate_size=1024", "--config.model.num_heads=4"]
   ckpt_dir = wd / "checkpoints"
   caught = False
-  for _ in range(3):
-    proc = subprocess.Popen(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1", *big, steps=40),
-                            cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  # A run that saves every step and cannot end by itself: watched until a save is caught in progress.
+  proc = subprocess.Popen(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1", *big, steps=RUNS_ON),
+                          cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
       # once a checkpoint is committed, the next save in progress is the one to catch
@@ -299,9 +318,9 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
         caught = True
         break
       time.sleep(0.001)   # a save lasts far longer; without the pause this loop takes a core from the run
+  finally:
+    proc.kill()
     proc.wait()
-    if caught:
-      break
   assert caught, "no save was in progress at any moment we looked"
   committed = _steps(wd)
   assert committed and committed[0] >= 1

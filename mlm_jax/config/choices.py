@@ -21,6 +21,7 @@ CHOICES = {
     "masking.mask_rate_schedule_mode": ("constant", "linear"),
     "kind": ("pretraining", "finetuning"),
     "train.nonfinite": ("skip", "stop"),
+    "train.on_corrupt_checkpoint": ("fallback", "refuse"),
     "data.doc_format": ("line", "blank_line"),
     "data.packing": ("segmented", "concat"),
     "data.packing_fit": ("best", "next"),

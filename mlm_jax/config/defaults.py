@@ -30,6 +30,12 @@ def loop_defaults() -> ml_collections.ConfigDict:
   # After SIGTERM the loop saves at the next step boundary; a run that has not reached it this many
   # seconds later (stuck reading input) exits without saving. Preemption notices give ~30 s.
   t.sigterm_timeout_s = 25.0
+  # WORKDIR/lock.json keeps a second run out (mlm_jax/workdir/lock.py); a lock whose process is gone
+  # from this host, or older than this many hours, is taken over with a warning (0 = never by age).
+  t.lock_stale_hours = 72.0
+  # A newest checkpoint that cannot be restored: 'fallback' warns and restores the newest one that
+  # can (the unreadable one stays on disk, skipped); 'refuse' stops with one line.
+  t.on_corrupt_checkpoint = "fallback"
   # (first step, count): a jax.profiler trace of those steps into WORKDIR/tensorboard/plugins/profile
   # (mlm_jax/training/profiling.py; tools/profile_summary.py); () = off. A process's first step compiles
   # and is never traced: a window that includes it, or first = 0, starts at the next step.

@@ -20,7 +20,7 @@ from mlm_jax.model import flops, sharding
 from mlm_jax.tasks import task as task_lib
 from mlm_jax.tasks.features import pad_rows
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
-from mlm_jax.workdir import checkpoints, files as workdir_files, restore
+from mlm_jax.workdir import checkpoints, files as workdir_files, lock, restore
 
 
 class Batches:
@@ -120,6 +120,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
   scores on `extra_evals`, see score_more)."""
   runtime.tensorflow()
   workdir = workdir_files.make_workdir(workdir)
+  with lock.held(workdir, config.train.lock_stale_hours, jax.process_index()):
+    return _finetune(config, workdir, init_from, extra_evals)
+
+
+def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None,
+              extra_evals: dict | None) -> dict:
   run = resolve.resolve_finetuning(config, workdir, init_from)
   config, tok = run.config, run.tokenizer
   mcfg, kind = config.model, config.task.kind

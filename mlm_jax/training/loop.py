@@ -114,12 +114,12 @@ class Loop:
     return last
 
   def _start(self, checkpointer: checkpoints.Checkpointer):
-    latest = checkpointer.latest_step()
-    if latest is None:
+    if checkpointer.latest_step() is None:
       return self.init_state()
     abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     with self._goodput.phase("restore"):
-      state, saved = checkpointer.restore(latest, abstract)
+      latest, state, saved = checkpointer.restore_newest(
+          abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
     self.input.set_state(saved)
     if self._best is not None:
       self._best.set_state(saved)
@@ -166,6 +166,7 @@ class Loop:
       gp.seconds["input"] += t1 - t0
       watch.phase = "step"
       state, m = trainer.train_step(state, batch, key)
+      checkpointer.check()   # a save that failed in the background stops the run now, in one line
       if step == start:   # this process's first step: tracing and compiling it
         gp.seconds["compile"] += time.perf_counter() - t1
       log.add(m)
@@ -315,7 +316,10 @@ class _Preemption:
       return
     logging.error("SIGTERM: the run is stuck in %s after %.0f s; exiting without saving (the last checkpoint "
                   "is intact)", self.phase, self.timeout_s)
-    self._checkpointer.wait()
+    try:
+      self._checkpointer.wait()
+    except Exception as e:   # the save being written failed: the last committed checkpoint stays
+      logging.error("%s", " ".join(str(e).split()))
     logging.flush()
     os._exit(1)
 

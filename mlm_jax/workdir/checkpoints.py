@@ -6,6 +6,7 @@ atomically; shapes are checked against the config before restoring, one line nam
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -17,6 +18,7 @@ from absl import logging
 from mlm_jax import paths
 from mlm_jax.errors import CheckpointError
 from mlm_jax.model.tree_paths import path_name
+from mlm_jax.workdir import save_errors
 
 
 def _handlers() -> dict:
@@ -56,6 +58,10 @@ def check_shapes(meta: Any, abstract: Any, where: str, hint: str = "a checkpoint
                             f"{tuple(leaf.shape)} ({hint})")
 
 
+class Unreadable(CheckpointError):
+  """A checkpoint whose files cannot be read (truncated, half-copied, corrupt): not a config mismatch."""
+
+
 class Checkpointer:
   """Save / restore TrainState + data-iterator state; `keep` most recent checkpoints are kept."""
 
@@ -64,6 +70,8 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
+    self._pending: tuple[int, int] | None = None   # (step, bytes) of the save being written
+    self._failed = False                           # a failed save was reported: close() does not repeat it
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -72,19 +80,46 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: Any, data_state: dict | None, force: bool = True) -> bool:
-    """Starts an async save (returns at once); a later save or `wait` finishes it."""
+    """Starts an async save (returns at once); `check` (every step), a later save or `wait` finishes it.
+    A failed save raises SaveFailed, one line (save_errors.py)."""
+    self.check(wait=True)
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {}))
-    return self.manager.save(step, args=args, force=force)
+    size = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+    try:
+      started = self.manager.save(step, args=args, force=force)
+    except Exception as e:
+      raise self._failure(step, size, e) from None
+    self._pending = (step, size) if started else None
+    return started
+
+  def check(self, wait: bool = False) -> None:
+    """Raise SaveFailed if the save being written has failed; cheap while it is still being written.
+    `wait`: wait for it to end first."""
+    if self._pending is None or (not wait and self.manager.is_saving_in_progress()):
+      return
+    (step, size), self._pending = self._pending, None
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      raise self._failure(step, size, e) from None
+
+  def _failure(self, step: int, size: int, error: BaseException) -> CheckpointError:
+    self._failed = True
+    return save_errors.failed_save(self.directory, step, size, error, self.committed_steps())
+
+  def committed_steps(self) -> list[int]:
+    """The steps whose checkpoint folder is complete on disk (orbax renames a save's folder last)."""
+    return sorted(s for s in self.all_steps() if paths.exists(os.path.join(self.directory, str(s))))
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    self.check(wait=True)
 
   def check_compatible(self, step: int, abstract_state: Any) -> None:
     """Raise CheckpointError naming the first parameter whose shape or presence differs."""
     try:
       meta = self.manager.item_metadata(step)["state"]
     except Exception as e:  # unreadable metadata: a corrupt or foreign checkpoint
-      raise CheckpointError(f"checkpoint {self.directory}/{step} cannot be read: {type(e).__name__}: {e}") from e
+      raise Unreadable(f"checkpoint {self.directory}/{step} cannot be read: {type(e).__name__}: {e}") from e
     check_shapes(meta, abstract_state, f"{self.directory}/{step}")
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
@@ -94,14 +129,63 @@ class Checkpointer:
     try:
       restored = self.manager.restore(step, args=args)
     except Exception as e:
-      raise CheckpointError(f"checkpoint {self.directory}/{step} could not be restored: "
+      raise Unreadable(f"checkpoint {self.directory}/{step} could not be restored: "
                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     logging.info("restored checkpoint %s/%d", self.directory, step)
     return restored.state, dict(restored.data or {})
 
+  def restore_newest(self, abstract_state: Any, on_corrupt: str = "fallback") -> tuple[int, Any, dict]:
+    """(step, state, data state) of the newest checkpoint that restores. With `on_corrupt`='fallback',
+    unreadable newer ones are skipped with a warning and moved aside to `<step>.corrupt` once an older one
+    has restored (never deleted: they can be inspected, or moved back); when none restores, nothing is
+    moved and the newest's error stops the run. 'refuse': the newest's error stops it. A config mismatch
+    (another model shape) always stops it."""
+    skipped = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        state, data = self.restore(step, abstract_state)
+      except Unreadable as e:
+        if on_corrupt != "fallback":
+          raise Unreadable(f"{e} (train.on_corrupt_checkpoint='refuse'; 'fallback' resumes from the newest "
+                           "checkpoint that restores)") from None
+        skipped.append((step, e))
+        continue
+      for bad, e in skipped:
+        logging.warning("skipped checkpoint %d: %s; moved aside to %s", bad, " ".join(str(e).split()),
+                        self.set_aside(bad))
+      return step, state, data
+    raise skipped[0][1]
+
+  def set_aside(self, step: int) -> str:
+    """Rename checkpoint `step` to `<step>.corrupt` (orbax lists numbered folders only), on process 0."""
+    source = os.path.join(self.directory, str(step))
+    target, n = f"{source}.corrupt", 1
+    while paths.exists(target):
+      n += 1
+      target = f"{source}.corrupt-{n}"
+    if jax.process_index() == 0:
+      try:
+        if paths.is_remote(source):
+          import tensorflow as tf
+          tf.io.gfile.rename(source, target)
+        else:
+          os.rename(source, target)
+      except Exception as e:
+        raise CheckpointError(f"checkpoint {source} cannot be restored and could not be moved aside to {target} "
+                              f"({type(e).__name__}: {e}): move or remove it by hand") from None
+    from mlm_jax import runtime
+    runtime.sync_processes(f"set_aside_{step}")
+    self.manager.reload()
+    return target
+
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Finish the save being written (a failure raises SaveFailed, unless one was raised already)."""
+    try:
+      if not self._failed:
+        self.check(wait=True)
+    finally:
+      with contextlib.suppress(Exception):   # after a failed save orbax raises its error again here
+        self.manager.close()
 
 
 def abstract_with_shardings(abstract_state: Any, shardings: Any) -> Any:

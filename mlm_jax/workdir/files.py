@@ -19,10 +19,36 @@ from mlm_jax.objectives import registry
 
 
 def make_workdir(workdir: str) -> str:
-  """The absolute workdir (local, or gs:// and the like), created if missing."""
+  """The absolute workdir (local, or gs:// and the like), created if missing. A folder holding a
+  config.json that no mlm_jax run wrote (a Hugging Face model folder, say) is refused, untouched."""
   workdir = paths.absolute(workdir)
+  check_is_run(workdir)
   paths.makedirs(workdir)
   return workdir
+
+
+# Sections every config.json of a run (training binaries, from_hf) has; a Hugging Face config has none.
+RUN_KINDS = ("pretraining", "finetuning")
+
+
+def check_is_run(workdir: str) -> None:
+  """Raise CheckpointError when WORKDIR/config.json exists but is not an mlm_jax run's config."""
+  path = os.path.join(workdir, "config.json")
+  if not paths.exists(path):
+    return
+  with paths.open_file(path, "r") as f:
+    text = f.read()
+  try:
+    config = json.loads(text)
+  except ValueError:
+    config = None
+  if isinstance(config, dict) and isinstance(config.get("model"), dict) and (
+      config.get("kind") in RUN_KINDS or isinstance(config.get("train"), dict) or isinstance(config.get("task"), dict)):
+    return
+  looks = (f" (a Hugging Face model's: model_type={config['model_type']!r})"
+           if isinstance(config, dict) and "model_type" in config else "")
+  raise CheckpointError(f"--workdir {workdir}: its config.json is not an mlm_jax run's{looks}; it is left as it "
+                        "is: give a new folder or an mlm_jax run's workdir")
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:

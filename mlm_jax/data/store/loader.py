@@ -306,6 +306,7 @@ class StorePipeline:
   def _key(self) -> dict:
     c = self.config
     key = {f: (list(c[f]) if isinstance(c[f], (tuple, list)) else c[f]) for f in _KEY_FIELDS}
+    key["sources"] = self._portable_sources()
     key.update(seed=self.seed, split=self.split, mix_block=store_index.MIX_BLOCK,
                index_version=store_index.index_version(self.packing, self.fit), packing_fit=self.fit)
     if self.fit == "best":
@@ -313,6 +314,17 @@ class StorePipeline:
     if self.split == "train" and curricula.has_data_schedule(c):
       key["global_batch"] = self.batch_size * self.process_count   # phases are in steps
     return key
+
+  def _portable_sources(self) -> list:
+    """data.sources with each store named by its manifest fingerprint instead of its path: a store
+    moved or copied elsewhere (another disk, mount or host) is the same store."""
+    fingerprint = {s.store.root: s.store.fingerprint for s in self.streams}
+    out = []
+    for entry in self.config.sources:
+      label, spec = split_named(entry)
+      root, names = shards.parse_store_spec(spec)
+      out.append((f"{label}=" if label else "") + f"store:{fingerprint[root]}" + (f":{','.join(names)}" if names else ""))
+    return out
 
   def get_state(self) -> dict:
     """{'rows': global rows consumed, 'stores': fingerprints, 'config': the stream's fields}."""
@@ -333,8 +345,10 @@ class StorePipeline:
       if mine["stores"].get(label) != fp:
         raise DataError(f"cannot resume: store of source {label!r} differs from the checkpoint "
                         f"(manifest fingerprint {fp} saved, {mine['stores'].get(label)} now)")
+    # States saved before sources were named by fingerprint hold the paths: the same paths resume.
+    legacy_sources = list(self.config.sources)
     for k, v in sorted(state["config"].items(), key=lambda kv: kv[0] == "index_version"):  # the cause first
-      if mine["config"].get(k) != v:
+      if mine["config"].get(k) != v and not (k == "sources" and v == legacy_sources):
         what = (k if k in ("seed", "split", "mix_block", "index_version") else
                 "train.batch_size (data phases are in steps)" if k == "global_batch" else f"data.{k}")
         raise DataError(f"cannot resume: {what} changed ({v!r} saved, {mine['config'].get(k)!r} "

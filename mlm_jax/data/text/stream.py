@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from mlm_jax.config import choices
-from mlm_jax.data import specs
+from mlm_jax.data import fingerprint, specs
 from mlm_jax.data.specs import mixing_weights
 from mlm_jax.data.text import packing
 from mlm_jax.data.text import sources
@@ -213,6 +213,7 @@ class Pipeline:
                                   process_count, split, stats=self._stats, fit=self.fit)
     self._batches = 0
     self._iterator = None
+    self._identities = None
 
   @property
   def dataset(self) -> tf.data.Dataset:
@@ -223,8 +224,9 @@ class Pipeline:
 
   def _fingerprints(self, fit: Optional[str]) -> tuple:
     """Fingerprints of this stream packed with `fit` (None: as before data.packing_fit existed,
-    i.e. next-fit): (with the tokenizer's sha256, without it as checkpoints written before that
-    carry: vocabulary size only), so that those still resume."""
+    i.e. next-fit): the current one, whose sources are their content (data/fingerprint.py, so a
+    moved corpus resumes), then the forms older checkpoints carry, which still resume on the same
+    paths: the sources' paths as written, with the tokenizer's sha256 and without it (vocabulary size only)."""
     c = self.config
     key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources),
                eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
@@ -237,7 +239,15 @@ class Pipeline:
       if fit == "best":
         key["packing_window"] = int(c.get("packing_window", 256))
     digest = lambda k: hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16]
-    return digest(dict(key, tokenizer=self.tokenizer.sha256)), digest(key)
+    portable = dict(key, tokenizer=self.tokenizer.sha256, **self._source_identities())
+    return digest(portable), digest(dict(key, tokenizer=self.tokenizer.sha256)), digest(key)
+
+  def _source_identities(self) -> dict:
+    """data.sources and data.eval_sources by content (computed once: the files do not change)."""
+    if self._identities is None:
+      self._identities = {f: [fingerprint.source_identity(e) for e in self.config[f]]
+                          for f in ("sources", "eval_sources")}
+    return self._identities
 
   def _start(self, skip: int):
     ds = self._dataset.skip(skip) if skip else self._dataset
