@@ -177,7 +177,7 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   proc = subprocess.Popen(killed_cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=log)
   workers = []
   try:
-    deadline = time.time() + 240
+    deadline = time.time() + 600   # a hang guard only: a loaded host is slow
     while time.time() < deadline and proc.poll() is None:
       if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
         workers = _store_workers(proc.pid)
@@ -205,6 +205,7 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   p = _run(resume_cmd)
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming from step {resumed_from}" in p.stderr
+  assert f"pid {proc.pid}," in p.stderr and "its process is gone" in p.stderr   # the killed run's lock
   got = _losses(killed)
   assert sorted(got) == list(range(1, 2 * n + 1))
   for s in range(resumed_from + 1, 2 * n + 1):
@@ -281,7 +282,7 @@ def test_sigterm_saves_current_step_and_rerun_continues(tmp_path, corpus_and_tok
              "--config.train.eval_batches=8", steps=RUNS_ON)   # it cannot end before the signal lands
   proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   try:
-    deadline = time.time() + 240
+    deadline = time.time() + 600   # a hang guard only: a loaded host is slow
     while time.time() < deadline and proc.poll() is None:
       if os.path.exists(wd / "metrics.jsonl") and max(_losses(wd), default=0) >= 3:
         proc.send_signal(signal.SIGTERM)
@@ -310,7 +311,7 @@ def test_kill_during_async_save_leaves_previous_checkpoint(tmp_path, corpus_and_
   proc = subprocess.Popen(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=1", *big, steps=RUNS_ON),
                           cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
-    deadline = time.time() + 240
+    deadline = time.time() + 600   # a hang guard only: a loaded host is slow
     while time.time() < deadline and proc.poll() is None:
       # once a checkpoint is committed, the next save in progress is the one to catch
       if _steps(wd) and any("tmp" in x for x in os.listdir(ckpt_dir)):
@@ -376,3 +377,112 @@ def test_nonfinite_guard(tmp_path, corpus_and_tokenizer, two_step_run, mode):
   import math
   bad = {d["step"] for d in logged if "loss" in d and not math.isfinite(d["loss"])}
   assert bad and not bad & set(_steps(wd))
+
+
+def _truncate_largest_file(folder):
+  biggest = max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  with open(biggest, "r+b") as f:
+    f.truncate(biggest.stat().st_size // 2)
+
+
+def test_a_moved_run_resumes_past_a_truncated_newest_checkpoint(electra_run, corpus_and_tokenizer, tmp_path):
+  """The ELECTRA run and its corpus copied to another disk, the newest checkpoint (12) truncated on the
+  way: the rerun warns, sets 12 aside as 12.corrupt (kept), resumes from 6 and logs the losses of the
+  uninterrupted run; the data fingerprint holds no path, so the moved corpus is the same data."""
+  corpus, spm = corpus_and_tokenizer
+  disk = tmp_path / "other_disk"
+  wd = disk / "run"
+  shutil.copytree(electra_run, wd)
+  moved = disk / "corpus" / os.path.basename(corpus)
+  moved.parent.mkdir()
+  shutil.copy(corpus, moved)
+  _truncate_largest_file(wd / "checkpoints" / "12")
+  p = _run(_cmd(wd, (str(moved), spm), *ELECTRA, "--config.train.save_every=6", steps=12))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "skipped checkpoint 12" in p.stderr and "12.corrupt" in p.stderr, p.stderr[-3000:]
+  assert "resuming from step 6" in p.stderr
+  assert (wd / "checkpoints" / "12.corrupt").is_dir() and _steps(wd) == [6, 12]
+  ref, got = _losses(electra_run), _losses(wd)
+  assert sorted(got) == list(range(1, 13))
+  for s in range(7, 13):
+    assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
+  assert not (wd / "lock.json").exists()   # released at exit
+
+
+FILE_LIMIT = 100_000   # bytes: below a checkpoint's data files (~150-400 kB), above every other file a run writes
+
+
+def _small_files():
+  """In the child: files may not grow past FILE_LIMIT (EFBIG, as a full disk gives ENOSPC), and the
+  signal that limit sends is ignored, so the write fails instead of killing the process."""
+  import resource
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+
+
+def test_a_failed_save_stops_the_run_in_one_line_and_a_copy_resumes(tmp_path, corpus_and_tokenizer, two_step_run):
+  """A save that cannot be written (a file-size limit stands in for a full disk: both fail the write
+  inside orbax's background threads) stops the run at that step: exit 1, one error line naming the
+  checkpoint, no traceback; checkpoint 2 intact, the partial folder removed. The workdir copied to
+  another disk (no limit there) resumes."""
+  wd = _copy_of(two_step_run, tmp_path)
+  cmd = lambda workdir: _cmd(workdir, corpus_and_tokenizer, "--config.train.save_every=2", steps=6)
+  p = subprocess.run(cmd(wd), cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=300,
+                     preexec_fn=_small_files)
+  assert p.returncode == 1, p.stderr[-3000:]
+  line = _error_line(p)
+  assert f"checkpoint {wd}/checkpoints/4 could not be saved: file too large" in line, line
+  assert "the last good checkpoint, 2, is intact" in line and "partial folder was removed" in line, line
+  assert "Traceback" not in p.stderr and "never retrieved" not in p.stderr, p.stderr[-3000:]
+  assert os.listdir(wd / "checkpoints") == ["2"]   # stopped before the next save (6) was started
+  bigger = tmp_path / "bigger_disk" / "run"
+  shutil.copytree(wd, bigger)
+  p = _run(cmd(bigger))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "resuming from step 2" in p.stderr and _steps(bigger) == [2, 4, 6]
+
+
+_HOLD_LOCK = """
+import sys
+from mlm_jax.workdir import lock
+with lock.held(sys.argv[1], 72.0):
+  print("held", flush=True)
+  sys.stdin.read()
+"""
+
+
+def test_a_held_workdir_refuses_a_second_run_and_a_dead_holder_is_taken_over(tmp_path, corpus_and_tokenizer,
+                                                                             two_step_run):
+  wd = _copy_of(two_step_run, tmp_path)
+  before = sorted(str(x.relative_to(wd)) for x in wd.rglob("*"))
+  holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(wd)], cwd=REPO, env=cpu_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    p = _run(_cmd(wd, corpus_and_tokenizer, steps=2))
+    assert p.returncode == 1
+    line = _error_line(p)
+    assert f"workdir {wd} is in use by another run" in line and f"pid {holder.pid}," in line, line
+    assert sorted(str(x.relative_to(wd)) for x in wd.rglob("*")) == before   # nothing written
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  p = _run(_cmd(wd, corpus_and_tokenizer, steps=2))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "taking over the lock of host" in p.stderr and f"pid {holder.pid}," in p.stderr
+  assert "its process is gone" in p.stderr and not (wd / "lock.json").exists()
+
+
+def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path, corpus_and_tokenizer):
+  """A transformers folder given as --workdir: refused before anything is written, its config.json
+  untouched, and the message is on the console once (the error line, not also a log line)."""
+  hf = tmp_path / "hf_model"
+  hf.mkdir()
+  text = json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 64})
+  (hf / "config.json").write_text(text)
+  p = _run(_cmd(hf, corpus_and_tokenizer, steps=2))
+  assert p.returncode == 1
+  line = _error_line(p)
+  assert "config.json is not an mlm_jax run's" in line and "model_type='bert'" in line, line
+  assert sum("is not an mlm_jax run's" in l for l in p.stderr.splitlines()) == 1, p.stderr[-3000:]
+  assert (hf / "config.json").read_text() == text and sorted(os.listdir(hf)) == ["config.json"]

@@ -3,7 +3,7 @@
 A text source is its files, named relative to their glob's root (the folder before the first wildcard),
 each with its size and the sha256 of its first and last 64 KiB; TFDS names stay as written. A corpus
 moved or copied to another disk, bucket or host is then the same source, and an edited, added or
-removed file is a different one. More in docs/robustness.md#portable-workdirs.
+removed file is a different one. More in docs/resume.md#portable-workdirs.
 """
 from __future__ import annotations
 
