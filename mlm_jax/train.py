@@ -39,7 +39,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
   `--config.*` values, which must agree with an `init_from` source (resolve.bind_init_from)."""
   runtime.tensorflow()
   workdir = workdir_files.make_workdir(workdir)
-  with lock.held(workdir, config.train.lock_stale_hours, jax.process_index()):
+  with lock.held(workdir, config.train.get("lock_stale_hours", 72.0), jax.process_index()):
     return _train(config, workdir, overrides)
 
 

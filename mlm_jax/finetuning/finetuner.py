@@ -120,7 +120,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
   scores on `extra_evals`, see score_more)."""
   runtime.tensorflow()
   workdir = workdir_files.make_workdir(workdir)
-  with lock.held(workdir, config.train.lock_stale_hours, jax.process_index()):
+  with lock.held(workdir, config.train.get("lock_stale_hours", 72.0), jax.process_index()):
     return _finetune(config, workdir, init_from, extra_evals)
 
 

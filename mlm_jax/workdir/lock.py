@@ -107,7 +107,8 @@ def acquire(workdir: str, stale_hours: float) -> dict:
     reason = stale_reason(holder, stale_hours) if holder else "it cannot be read"
     if not reason:
       raise CheckpointError(f"workdir {workdir} is in use by another run ({holder_line(holder)}; {path}): "
-                            "two runs would write the same checkpoints; stop that run, or wait for it")
+                            "two runs would write the same checkpoints; stop that run, or wait for it (if it no longer runs, "
+                            f"e.g. its host was lost, remove {LOCK_FILE})")
     logging.warning("workdir %s: taking over the lock of %s: %s", workdir, holder_line(holder) if holder else path,
                     reason)
     with contextlib.suppress(OSError):

@@ -22,7 +22,7 @@ def _why(text: str) -> str:
   if "No space left" in text or "RESOURCE_EXHAUSTED" in text or "ENOSPC" in text or "Disk quota" in text:
     return "no space left on device"
   if "File too large" in text or "EFBIG" in text:
-    return "file too large (a file-size limit: ulimit -f)"
+    return "file too large, over a file-size limit (ulimit -f)"
   if "Permission denied" in text or "Read-only file system" in text:
     return "the checkpoint folder is not writable"
   return " ".join(text.split())[:300]
