@@ -71,6 +71,9 @@ class RowSlice:
   def set_state(self, state):
     self.pipeline.set_state(state)
 
+  def adopted_config(self) -> dict:
+    return self.pipeline.adopted_config()
+
 
 class LoopInput:
   """A batch iterator as the training loop's Input: the stream is sequential, so `step` only names
@@ -97,3 +100,7 @@ class LoopInput:
 
   def set_state(self, state: dict) -> None:
     self.pipeline.set_state(state)
+
+  def adopted_config(self) -> dict:
+    """Config fields the resumed input took from its checkpoint (config.json records them)."""
+    return getattr(self.pipeline, "adopted_config", dict)()
