@@ -424,3 +424,51 @@ def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):
   # the first resume adopts the saved fit, and so does the second (its checkpoint is the same).
   assert run(2) == ("next", 8)
   assert run(2) == ("next", 8)
+
+
+def test_index_cache_is_private_and_checked(store, tmp_path, monkeypatch, caplog):
+  """The default index cache is this user's (uid in the name, mode 0700; another user's is refused);
+  a folder whose key.json names another index, a truncated array, or arrays that point past the
+  store's documents are not trusted: the index is built again, with a warning, and batches are right."""
+  import tempfile
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  default = store_index.default_cache_dir()
+  assert default == str(tmp_path / f"mlm_jax_data_index-{os.getuid()}")
+  os.makedirs(default, mode=0o777)
+  os.chmod(default, 0o777)
+  c = _cfg(store, tmp_path)
+  want = [next(loader.StorePipeline(c, 8, seed=3)) for _ in range(1)][0]
+  assert os.stat(default).st_mode & 0o777 == 0o700
+  folders = [os.path.join(default, n) for n in sorted(os.listdir(default))]
+  assert len(folders) == 2   # one index per source (de, en)
+
+  def planted(edit):
+    caplog.clear()
+    for f in folders:
+      edit(f)
+    got = next(loader.StorePipeline(c, 8, seed=3))
+    assert all((got[k] == want[k]).all() for k in loader.FEATURES)
+    warned = [r.getMessage() for r in caplog.records if "index cache" in r.getMessage()]
+    assert len(warned) == 2 and all("\n" not in w for w in warned), warned
+    return warned[0]
+
+  def other_key(f):
+    with open(os.path.join(f, "key.json"), "w") as fh:
+      json.dump({"store": "someone else's"}, fh)
+
+  def truncate(f):
+    with open(os.path.join(f, "row_ptr.npy"), "r+b") as fh:
+      fh.truncate(100)
+
+  def out_of_bounds(f):
+    np.save(os.path.join(f, "piece_doc.npy"), np.full_like(np.load(os.path.join(f, "piece_doc.npy")), 10**9))
+
+  with caplog.at_level("WARNING"):
+    assert "has a key.json for another index" in planted(other_key)
+    assert "is damaged" in planted(truncate)
+    assert "is damaged (a piece names a document the store does not have)" in planted(out_of_bounds)
+  os.chown(default, 12345, 12345)
+  for f in folders:
+    other_key(f)
+  with pytest.raises(DataError, match=r"belongs to uid 12345, not to you"):
+    loader.StorePipeline(c, 8, seed=3)
