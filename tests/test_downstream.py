@@ -137,7 +137,8 @@ TINY = {"train.steps": 2, "train.log_every": 1, "task.max_train_examples": 64, "
 
 def test_suite_resume_and_crosslingual_columns(tiny_workdir, shared_data, tmp_path):
   """The real suite on a tiny model: POS (zero-shot in 7 languages) with one seed, then re-run with two:
-  the finished seed is read back, not trained again."""
+  the finished seed is read back, not trained again; after more pretraining (a newer checkpoint) or
+  with other --set overrides, a finished seed is trained again, with one line saying why."""
   out, lines = str(tmp_path / "suite"), []
   kw = dict(tasks="pos", fast=True, pretrain_langs="en,de", data=str(shared_data), overrides=TINY)
   first = suite.run_suite(tiny_workdir, out, seeds=1, log=lines.append, **kw)
@@ -164,3 +165,60 @@ def test_suite_resume_and_crosslingual_columns(tiny_workdir, shared_data, tmp_pa
   table = open(os.path.join(out, "downstream.txt")).read()
   assert lines[-1] == table.rstrip("\n") and re.search(r"^task +en +ar +de\* +es", table, re.M)
   assert re.search(r"^pos( +\d+\.\d){10}$", table, re.M)
+  # Each language is scored on its own file: scoring one language for all would give one number.
+  files = catalogue.extra_evals(catalogue.BY_NAME["pos"], str(shared_data))
+  assert all(os.path.basename(f).startswith(f"{k[3:]}_") for k, fs in files.items() for f in fs)
+  assert len(set(per_seed[0]["crosslingual"].values())) >= 5, per_seed[0]["crosslingual"]
+  # Stale results: the same command after more pretraining (a newer checkpoint step), then other --set.
+  ckpt = os.path.join(tiny_workdir, "checkpoints")
+  os.rename(os.path.join(ckpt, "2"), os.path.join(ckpt, "7"))
+  lines.clear()
+  suite.run_suite(tiny_workdir, out, seeds=1, log=lines.append, **kw)
+  assert [l for l in lines if l.startswith("[downstream]")][0] == (
+      "[downstream] pos seed 0: result of another model or config (init_step 2 -> 7); training again "
+      f"(the old folder is {os.path.join(out, 'pos', 'seed0.stale')})")
+  assert json.load(open(os.path.join(out, "pos", "seed0", suite.RESULT_FILE)))["depends_on"]["init_step"] == 7
+  # what else a result depends on (each would train it again, as the newer checkpoint did)
+  task, saved = catalogue.BY_NAME["pos"], per_seed[0]["depends_on"]
+  config = catalogue.load_config(task, "fast", str(shared_data))
+  config.seed, config.random_init = 0, False
+  config.train.eval_every = 0
+  for k, v in TINY.items():
+    section, name = k.rsplit(".", 1)
+    config[section][name] = v
+  suite.fit_to_model(config, tiny_workdir)
+  os.rename(os.path.join(ckpt, "7"), os.path.join(ckpt, "2"))
+  same = dict(init_from=tiny_workdir, mode="fast", random_init=False, overrides=TINY)
+  assert suite.depends_on(task, config, **same) == saved
+  for change in (dict(mode="full"), dict(random_init=True), dict(overrides=dict(TINY, **{"train.steps": 3}))):
+    assert suite.depends_on(task, config, **dict(same, **change)) != saved, change
+  config.train.steps = 3
+  assert suite.depends_on(task, config, **same) != saved
+
+
+def test_qa_windows_keep_their_overlap_when_the_suite_shortens_them(tiny_workdir, shared_data):
+  """XQuAD's config at the tiny model's 32 positions: doc_stride is clamped to half a window (the note
+  says so), so consecutive windows share context and a real answer that straddles the edge of the
+  windows the unclamped stride gives lies whole in one of them."""
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  from mlm_jax.tasks import qa
+  config = catalogue.load_config(catalogue.BY_NAME["xquad"], "fast", str(shared_data))
+  given = config.task.doc_stride
+  note = suite.fit_to_model(config, tiny_workdir)
+  q_len, stride = config.task.max_query_length, config.task.doc_stride
+  assert note == (f"seq_len 128 -> 32 (the model's positions), doc_stride {given} -> {stride} "
+                  "(half a window, so windows overlap)")
+  tok = tokenizer_load.load(str(FIXTURE / "store" / "tokenizer" / "spm.model"))
+  examples = readers.read_squad([_ds(shared_data, "qa_xquad", "xquad.en.json.gz")])
+
+  def found(ex, doc_stride):
+    arrays, feats = qa.encode([ex], tok, 32, 1, q_len, doc_stride)
+    return bool(arrays["start_position"].any()), feats
+
+  # the first question whose (short) answer no window of the unclamped stride holds whole
+  straddling = next(ex for ex in examples[:300] if len(tok.encode(ex.answers[0]["text"])) <= 4
+                    and not found(ex, given)[0])
+  hit, feats = found(straddling, stride)
+  assert hit
+  spans = [set(f.char_spans.values()) for f in feats]
+  assert len(spans) > 2 and all(a & b for a, b in zip(spans, spans[1:]))

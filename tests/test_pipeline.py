@@ -1,6 +1,7 @@
 """Packed batches from real text: nothing lost or duplicated, boundaries, mixing, exact resume."""
 import collections
 import gzip
+import hashlib
 import json
 import shutil
 
@@ -359,10 +360,20 @@ def test_config_errors(shared_data, tok):
                            source_sizes=("c=1",)), tok, 4, 0)
 
 
-def test_best_fit_rows_and_next_fit_states(shared_data, tok):
+def _c545c96_fingerprint(c, tok) -> str:
+  """A data state's fingerprint as the streaming pipeline of c545c96 (the commit before data.packing_fit
+  existed; mlm_jax/data/pipeline.py, Pipeline._fingerprints) computed it, written out here."""
+  key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources), eval_percent=c.eval_percent,
+             doc_format=c.doc_format, packing=c.packing, mix_alpha=c.mix_alpha, source_sizes=list(c.source_sizes),
+             shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files, seq_len=c.seq_len,
+             tokenize_batch=c.tokenize_batch, vocab_size=tok.vocab_size, tokenizer=tok.sha256)
+  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_best_fit_rows_and_next_fit_runs_resume_again_and_again(shared_data, tok):
   """Best-fit over a window spanning tokenized batches fills rows that next-fit leaves ~15 % empty;
-  a state saved before data.packing_fit existed resumes onto next-fit rows under the best-fit default;
-  a state that names another fit is refused."""
+  a run on next-fit rows (a state from before data.packing_fit, or one naming 'next') resumes onto them
+  under the best-fit default at every resume, not only the first; an explicit 'next' is not adopted."""
   src = (f"en=tsv:1:{shared_data / LEIPZIG_EN}",)
   share = {}
   for fit in ("next", "best"):
@@ -372,13 +383,23 @@ def test_best_fit_rows_and_next_fit_states(shared_data, tok):
   old = stream.Pipeline(_cfg(sources=src, seq_len=64, packing_fit="next"), tok, 4, seed=0)
   for _ in range(3):
     next(old)
-  state = old.get_state()
-  want = next(old)
-  legacy = dict(state, fingerprint=old._fingerprints(None)[0])   # as written before this field
-  new = stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0)
-  assert new.fit == "best"
-  new.set_state(legacy)
-  got = next(new)
-  assert new.fit == "next" and all((got[k] == want[k]).all() for k in stream.FEATURES)
+  # as c545c96 saved it after 3 batches of 4 rows
+  legacy = dict(version=1, batches=3, seed=0, split="train", batch_size=4, process_index=0, process_count=1,
+                fingerprint=_c545c96_fingerprint(old.config, tok))
+  want = [next(old) for _ in range(3)]
+  first = stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0)
+  assert first.fit == "best" and first.adopted_config() == {}
+  first.set_state(legacy)
+  assert first.fit == "next" and first.adopted_config() == {"data.packing_fit": "next"}
+  got = next(first)
+  assert all((got[k] == want[0][k]).all() for k in stream.FEATURES)
+  saved = json.loads(json.dumps(first.get_state()))   # the first resume's checkpoint: next-fit, named
+  second = stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0)
+  second.set_state(saved)                              # the second resume, under the default again
+  assert second.adopted_config() == {"data.packing_fit": "next"}
+  for w in want[1:]:
+    got = next(second)
+    assert all((got[k] == w[k]).all() for k in stream.FEATURES)
+  best = stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0).get_state()
   with pytest.raises(DataError, match="the data config differs"):
-    stream.Pipeline(_cfg(sources=src, seq_len=64), tok, 4, seed=0).set_state(state)
+    stream.Pipeline(_cfg(sources=src, seq_len=64, packing_fit="next"), tok, 4, seed=0).set_state(best)

@@ -234,29 +234,53 @@ def test_best_fit_window():
   assert list(one[2]) == [r for g in got for r in g]
 
 
-def test_best_fit_fills_rows_and_old_states_keep_next_fit(store, tmp_path):
-  """Best-fit rows are fuller than next-fit's; a data state saved before data.packing_fit existed
-  (no packing_fit in it) resumes onto next-fit rows even though new runs default to best-fit."""
+# A data state exactly as the store pipeline of c545c96 (the commit before data.packing_fit existed) saved
+# it: the same tokenizer and store recipe as the fixtures here, mix_alpha 0.5, seq_len 32, seed 3, batch 8,
+# 3 batches read. Only the paths (`sources`, and `stores`, the store's manifest fingerprint) are the
+# fixture's; the rest is the literal JSON.
+_C545C96_STATE = {
+    "config": {"index_version": 1, "mix_alpha": 0.5, "mix_alpha_schedule": [], "mix_block": 4096,
+               "packing": "segmented", "seed": 3, "seq_len": 32, "source_sizes": [], "source_start_steps": [],
+               "sources": ["store:STORE"], "split": "train"},
+    "fingerprint": "ec134d0cf65d57c0", "kind": "store", "rows": 24, "stores": {"de": "", "en": ""},
+    "tokens_local": {"de": 355, "en": 254}, "version": 1}
+
+
+def _old_state(store, fingerprint):
+  state = json.loads(json.dumps(_C545C96_STATE).replace("STORE", store))
+  state["stores"] = {k: fingerprint for k in state["stores"]}
+  return state
+
+
+def test_best_fit_fills_rows_and_next_fit_runs_resume_again_and_again(store, tmp_path):
+  """Best-fit rows are fuller than next-fit's; a run whose rows are next-fit (a state from before
+  data.packing_fit, or one that names 'next') resumes onto them under the default 'best' at every
+  resume, not only the first; an explicit 'next' against best-fit rows is refused."""
   fill = {}
   for fit in ("next", "best"):
     p = _pipe(_cfg(store, tmp_path, packing_fit=fit), tmp_path)
     fill[fit] = np.mean([s.index["row_tokens"].mean() / 32 for s in p.streams])
   assert fill["best"] > fill["next"] + 0.1   # seq_len 32: 0.89 against 0.73
-  old = _pipe(_cfg(store, tmp_path, packing_fit="next", mix_alpha=0.5), tmp_path)
-  for _ in range(3):
-    next(old)
-  state = old.get_state()
-  want = next(old)
-  del state["config"]["packing_fit"]        # as written before this field existed
-  assert state["config"]["index_version"] == 1
-  new = _pipe(_cfg(store, tmp_path, mix_alpha=0.5), tmp_path)
-  assert new.fit == "best"
-  new.set_state(state)
-  got = next(new)
-  assert new.fit == "next" and all((got[k] == want[k]).all() for k in loader.FEATURES)
-  state = _pipe(_cfg(store, tmp_path, packing_fit="next"), tmp_path).get_state()
-  with pytest.raises(DataError, match=r"data\.packing_fit changed \('next' saved, 'best' now\)"):
-    _pipe(_cfg(store, tmp_path), tmp_path).set_state(state)
+  reference = _pipe(_cfg(store, tmp_path, packing_fit="next", mix_alpha=0.5), tmp_path)
+  want = [next(reference) for _ in range(6)][3:]
+  legacy = _old_state(store, reference.get_state()["stores"]["de"])
+  first = _pipe(_cfg(store, tmp_path, mix_alpha=0.5), tmp_path)
+  assert first.fit == "best" and first.adopted_config() == {}
+  first.set_state(legacy)
+  assert first.fit == "next" and first.adopted_config() == {"data.packing_fit": "next"}
+  got = next(first)
+  assert all((got[k] == want[0][k]).all() for k in loader.FEATURES)
+  saved = json.loads(json.dumps(first.get_state()))   # the first resume's checkpoint names 'next'
+  assert saved["config"]["packing_fit"] == "next"
+  second = _pipe(_cfg(store, tmp_path, mix_alpha=0.5), tmp_path)
+  second.set_state(saved)                              # the second resume, under the default again
+  assert second.adopted_config() == {"data.packing_fit": "next"}
+  for w in want[1:]:
+    got = next(second)
+    assert all((got[k] == w[k]).all() for k in loader.FEATURES)
+  best = _pipe(_cfg(store, tmp_path), tmp_path).get_state()
+  with pytest.raises(DataError, match=r"data\.packing_fit changed \('best' saved, 'next' now\)"):
+    _pipe(_cfg(store, tmp_path, packing_fit="next"), tmp_path).set_state(best)
 
 
 def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
@@ -393,3 +417,82 @@ def test_a_moved_store_resumes_and_old_states_resume_in_place(store, tmp_path):
   np.testing.assert_array_equal(next(in_place)["input_ids"], want["input_ids"])
   with pytest.raises(DataError, match=r"data\.sources changed"):
     _pipe(_cfg(moved, tmp_path), tmp_path).set_state(legacy)
+
+
+def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):
+  """The real loop on a store: a run on next-fit rows, restored twice under the default 'best', and
+  config.json says 'next', the rows it reads (a tiny encoder; the batches: the pipeline test above)."""
+  from mlm_jax.config.defaults import default_config
+  from mlm_jax.data import inputs
+  from mlm_jax.model import sharding
+  from mlm_jax.training import loop, resolve, trainer as trainer_lib
+  import jax
+
+  def run(steps, **data):
+    c = default_config()
+    c.model.update(vocab_size=600, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                   max_position_embeddings=32)
+    c.data.update(sources=(f"store:{store}",), seq_len=32, **data)
+    c.train.update(steps=steps, batch_size=4, log_every=1, save_every=2, eval_every=0)
+    r = resolve.resolve_for_compile(c)
+    tr = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh, jax.devices()[:1]),
+                                  r.objective(r.config))
+    pipe = _pipe(r.config.data, tmp_path, batch=4)
+    loop.Loop(tr, str(tmp_path / "run"), inputs.LoopInput(pipe), None, tr.init, tokens_per_example=32,
+              flops_per_token=1.0).run()
+    with open(tmp_path / "run" / "config.json") as f:
+      return json.load(f)["data"]["packing_fit"], pipe.get_state()["rows"]
+
+  assert run(2, packing_fit="next") == ("next", 8)
+  # Rerunning a finished run restores it and writes config.json (no step): under the default 'best'
+  # the first resume adopts the saved fit, and so does the second (its checkpoint is the same).
+  assert run(2) == ("next", 8)
+  assert run(2) == ("next", 8)
+
+
+def test_index_cache_is_private_and_checked(store, tmp_path, monkeypatch, caplog):
+  """The default index cache is this user's (uid in the name, mode 0700; another user's is refused);
+  a folder whose key.json names another index, a truncated array, or arrays that point past the
+  store's documents are not trusted: the index is built again, with a warning, and batches are right."""
+  import tempfile
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  default = store_index.default_cache_dir()
+  assert default == str(tmp_path / f"mlm_jax_data_index-{os.getuid()}")
+  os.makedirs(default, mode=0o777)
+  os.chmod(default, 0o777)
+  c = _cfg(store, tmp_path)
+  want = [next(loader.StorePipeline(c, 8, seed=3)) for _ in range(1)][0]
+  assert os.stat(default).st_mode & 0o777 == 0o700
+  folders = [os.path.join(default, n) for n in sorted(os.listdir(default))]
+  assert len(folders) == 2   # one index per source (de, en)
+
+  def planted(edit):
+    caplog.clear()
+    for f in folders:
+      edit(f)
+    got = next(loader.StorePipeline(c, 8, seed=3))
+    assert all((got[k] == want[k]).all() for k in loader.FEATURES)
+    warned = [r.getMessage() for r in caplog.records if "index cache" in r.getMessage()]
+    assert len(warned) == 2 and all("\n" not in w for w in warned), warned
+    return warned[0]
+
+  def other_key(f):
+    with open(os.path.join(f, "key.json"), "w") as fh:
+      json.dump({"store": "someone else's"}, fh)
+
+  def truncate(f):
+    with open(os.path.join(f, "row_ptr.npy"), "r+b") as fh:
+      fh.truncate(100)
+
+  def out_of_bounds(f):
+    np.save(os.path.join(f, "piece_doc.npy"), np.full_like(np.load(os.path.join(f, "piece_doc.npy")), 10**9))
+
+  with caplog.at_level("WARNING"):
+    assert "has a key.json for another index" in planted(other_key)
+    assert "is damaged" in planted(truncate)
+    assert "is damaged (a piece names a document the store does not have)" in planted(out_of_bounds)
+  os.chown(default, 12345, 12345)
+  for f in folders:
+    other_key(f)
+  with pytest.raises(DataError, match=r"belongs to uid 12345, not to you"):
+    loader.StorePipeline(c, 8, seed=3)

@@ -64,6 +64,32 @@ def test_conlleval_hand_worked():
   assert per["ORG"]["f1"] == pytest.approx(2 / 3)    # P 1/2, R 1/1
 
 
+def test_pos_reports_token_accuracy_only_entity_tags_keep_chunk_f1(shared_data):
+  """UD PUD's UPOS tags are no chunk tags: the POS task (real files, round 2's tokenizer) reports token
+  accuracy alone, and picks it as its metric (conlleval would read NOUN VERB as IOB1 chunks and report
+  an entity F1); UNER's BIO tags keep conlleval's F1."""
+  import pathlib
+  import numpy as np
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  from mlm_jax.tasks import catalogue, readers, task as task_lib
+  tok = tokenizer_load.load(str(pathlib.Path(__file__).parent / "fixtures/round2/store/tokenizer/spm.model"))
+  config = catalogue.load_config(catalogue.BY_NAME["pos"], "fast", str(shared_data))
+  config.task.update(max_train_examples=20, max_eval_examples=40)
+  pos = task_lib.build(config.task, tok, 512, 1)
+  assert {"NOUN", "VERB", "DET"} <= set(pos.labels) and not pos.chunk_tags
+  assert pos.default_metric == "token_accuracy"
+  words = sum(len(e.words) for e in pos.eval_examples)
+  assert sum(len(m) for m in pos.eval_meta) == words          # every word fits in 512 pieces
+  logits = np.zeros(pos.eval["input_ids"].shape + (pos.num_labels,), np.float32)
+  logits[..., pos.labels.index("NOUN")] = 1.0                   # every word a noun
+  nouns = sum(t == "NOUN" for e in pos.eval_examples for t in e.tags)
+  assert pos.score(logits)[0] == {"token_accuracy": pytest.approx(nouns / words)}
+  uner = sorted((shared_data / "downstream" / "ner_uner").glob("en_pud*"))[0]
+  tags = sorted({t for e in readers.read_conll([str(uner)], token_column=1, tag_column=2) for t in e.tags})
+  assert "B-PER" in tags and task_metrics.is_chunk_tagset(tags)
+  assert not task_metrics.is_chunk_tagset(["NOUN", "O"]) and not task_metrics.is_chunk_tagset([])
+
+
 def test_conlleval_chunks_do_not_cross_sentences():
   # A sentence-final B-PER and a sentence-initial I-PER are two chunks, as in conlleval (blank line = O).
   r = task_metrics.conlleval([["O", "B-PER"], ["I-PER", "O"]], [["O", "B-PER"], ["I-PER", "O"]])

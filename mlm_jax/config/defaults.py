@@ -5,6 +5,9 @@ sections; the ConfigDict is locked, so an unknown key (`--config.trian.steps=5`)
 """
 import ml_collections
 
+# data.packing_fit's default; a run whose config holds only it resumes on the fit its checkpoint names
+PACKING_FIT = "best"
+
 
 def loop_defaults() -> ml_collections.ConfigDict:
   """The `train` section: what the one loop (mlm_jax/training/loop.py) reads, for pretraining and fine-tuning."""
@@ -192,7 +195,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   # needed); 'next' = one open row, closed when a document does not fit (more padding:
   # docs/design_notes.md#best_fit). A config.json or data state without this field reads as
   # 'next', so such runs resume onto the rows they started on.
-  d.packing_fit = "best"
+  d.packing_fit = PACKING_FIT
   d.packing_window = 256         # open rows; more = fuller rows, more memory (streaming: rows x seq_len)
   # Corpus i is drawn with p_i ∝ n_i^alpha, n_i = its size on disk (bytes; TFDS: examples) unless
   # `source_sizes` says otherwise. 1.0 = proportional, 0.3 = XLM-R, 0.0 = uniform.

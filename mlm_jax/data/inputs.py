@@ -19,7 +19,7 @@ def make_input(config, input_kind: str, tokenizer, split: str = "train", *, proc
 
   A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
   do not depend on the process count; its packing index is cached in WORKDIR/data_index (a local
-  temporary folder for a gs:// workdir, or without one). Streaming text: data.per_host='shard' (default) has each process
+  temporary folder of the user's own for a gs:// workdir, or without one). Streaming text: data.per_host='shard' (default) has each process
   read its own disjoint part of the corpus (scales to any corpus and host count); 'slice' has each
   read the whole stream and keep its rows, so the global batches are identical for any process
   count (small corpora, reproducibility tests).
@@ -71,6 +71,9 @@ class RowSlice:
   def set_state(self, state):
     self.pipeline.set_state(state)
 
+  def adopted_config(self) -> dict:
+    return self.pipeline.adopted_config()
+
 
 class LoopInput:
   """A batch iterator as the training loop's Input: the stream is sequential, so `step` only names
@@ -97,3 +100,7 @@ class LoopInput:
 
   def set_state(self, state: dict) -> None:
     self.pipeline.set_state(state)
+
+  def adopted_config(self) -> dict:
+    """Config fields the resumed input took from its checkpoint (config.json records them)."""
+    return getattr(self.pipeline, "adopted_config", dict)()

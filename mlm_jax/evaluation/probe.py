@@ -117,7 +117,7 @@ def from_task_config(name: str, task_cfg, tok, seq_len: int, type_vocab_size: in
   cfg = task_cfg.copy_and_resolve_references()
   cfg.max_train_examples, cfg.max_eval_examples = int(max_train), int(max_eval)
   t = task_lib.build(cfg, tok, seq_len, type_vocab_size)
-  metric = metric or DEFAULT_METRIC[t.kind]
+  metric = metric or (t.default_metric if t.kind == "token" else DEFAULT_METRIC[t.kind])
   return ProbeTask(name=name, kind=t.kind, num_labels=t.num_labels, train=t.train, eval=t.eval,
                    score=lambda scores: t.score(scores)[0][metric])
 

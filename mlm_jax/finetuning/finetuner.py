@@ -72,7 +72,7 @@ class TaskEvaluator:
     self.batch_size = trainer.config.train.eval_batch_size
     self.arrays = pad_rows(task.eval, self.batch_size)   # whole global batches
     self.rows = len(task.eval["weight"])
-    self.best_name = trainer.config.train.best_metric or task_lib.DEFAULT_METRIC[task.kind]
+    self.best_name = trainer.config.train.best_metric or task.default_metric
 
   def predict(self, params) -> tuple[dict, object]:
     outs = []

@@ -1,19 +1,26 @@
 """The downstream suite's runner: every selected task of the catalogue (tasks/catalogue.py), its budget
 and N seeds, through the one fine-tuning path (finetuner.py), in OUT/TASK/seedN.
 
-A finished run's suite_result.json is read back by a re-run, a killed one resumes; then one table (suite_report.py).
+A finished run's suite_result.json is read back by a re-run, a killed one resumes, as long as what the
+result depends on (`depends_on`: the init checkpoint, the task's config, --set, mode) is unchanged; otherwise
+the seed's folder is moved aside (seedN.stale) and it trains again. Then one table (suite_report.py).
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import re
+import shutil
 import time
 
 from mlm_jax.errors import DataError
 from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select
 
 RESULT_FILE = "suite_result.json"
+QA_SPECIAL_TOKENS = 4   # <s> question </s></s> context </s>: the most a layout adds (BERT's adds 3)
+DEPENDS_FILE = "suite_depends.json"   # written when a seed starts: a killed run resumes only on the same inputs
 
 
 def say(message: str) -> None:
@@ -23,7 +30,8 @@ def say(message: str) -> None:
 
 def fit_to_model(config, source: str) -> str:
   """Sequences no longer than the model's learned positions (the demo model has 64): the budgets are
-  the configs', the model decides how much text it can read. Returns a note for the log, or ''."""
+  the configs', the model decides how much text it can read. A QA window keeps its overlap: doc_stride
+  is at most half the context a window holds. Returns a note for the log, or ''."""
   with open(os.path.join(source, "config.json"), encoding="utf-8") as f:
     m = json.load(f).get("model", {})
   if m.get("positions", "learned") != "learned":
@@ -31,10 +39,16 @@ def fit_to_model(config, source: str) -> str:
   limit = int(m.get("max_position_embeddings", 512)) - int(m.get("position_offset", 0))
   if config.seq_len <= limit:
     return ""
-  note = f"seq_len {config.seq_len} -> {limit} (the model's positions)"
+  notes = [f"seq_len {config.seq_len} -> {limit} (the model's positions)"]
   config.seq_len = limit
   config.task.max_query_length = min(config.task.max_query_length, limit // 4)
-  return note
+  if config.task.kind == "qa":
+    context = limit - config.task.max_query_length - QA_SPECIAL_TOKENS   # a window's context pieces, at least
+    stride = max(1, context // 2)
+    if config.task.doc_stride > stride:
+      notes.append(f"doc_stride {config.task.doc_stride} -> {stride} (half a window, so windows overlap)")
+      config.task.doc_stride = stride
+  return ", ".join(notes)
 
 
 def _result(task: SuiteTask, seed: int, r: dict, seconds: float) -> dict:
@@ -63,17 +77,57 @@ def pretrain_languages(init_from: str, flag: str) -> tuple[list, str]:
   return [], "unknown (pass --pretrain_languages=en,de,...)"
 
 
+def _digest(value) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def newest_step(source: str) -> int | None:
+  """The newest checkpoint step of a pretraining workdir or converted folder (the one fine-tuning starts from)."""
+  folder = os.path.join(source, "checkpoints")
+  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
+  return max(steps) if steps else None
+
+
+def depends_on(task: SuiteTask, config, *, init_from: str, mode: str, random_init: bool,
+               overrides: dict | None) -> dict:
+  """What a seed's result depends on: the init checkpoint (folder, newest step, its config.json), the
+  task and its final config (seed, --set overrides and the seq_len fitted to the model included), the mode."""
+  with open(os.path.join(init_from, "config.json"), "rb") as f:
+    init_config = hashlib.sha256(f.read()).hexdigest()[:16]
+  return dict(init_from=os.path.realpath(init_from), init_step=newest_step(init_from), init_config=init_config,
+              mode=mode, random_init=bool(random_init), overrides={k: str(v) for k, v in (overrides or {}).items()},
+              task=_digest(dataclasses.asdict(task)), config=_digest(config.to_dict()))
+
+
+def _differs(saved: dict, now: dict) -> str:
+  """'init_step 2 -> 4, config' : what changed since a seed's saved result (or its started run)."""
+  keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+  plain = ("init_step", "mode", "random_init", "overrides")
+  return ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" if k in plain else k for k in keys)
+
+
+def _read_json(path: str) -> dict | None:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _move_aside(workdir: str) -> str:
+  """A seed folder of another model or config moves to seedN.stale (replacing an older one), out of the way."""
+  stale = workdir + ".stale"
+  if os.path.exists(stale):
+    shutil.rmtree(stale)
+  os.replace(workdir, stale)
+  return stale
+
+
 def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, data: str, random_init: bool,
             overrides: dict | None = None, log=say) -> dict:
-  """Fine-tunes one task with one seed (or reads back the result of a finished run)."""
+  """Fine-tunes one task with one seed (or reads back the result of a finished run of the same inputs)."""
   from mlm_jax.finetuning import finetuner
   workdir = os.path.join(out, task.name, f"seed{seed}")
-  done = os.path.join(workdir, RESULT_FILE)
-  if os.path.exists(done):
-    with open(done, encoding="utf-8") as f:
-      result = json.load(f)
-    log(f"[downstream] {task.name} seed {seed}: done before, {task.metric} {100 * result['score']:.1f} (skipped)")
-    return result
   config = load_config(task, mode, data)
   config.seed, config.random_init = seed, random_init
   if not task.dev:
@@ -82,13 +136,28 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
     section, _, name = key.rpartition(".")
     (config[section] if section else config)[name] = value
   note = fit_to_model(config, init_from)
+  depends = depends_on(task, config, init_from=init_from, mode=mode, random_init=random_init, overrides=overrides)
+  done = os.path.join(workdir, RESULT_FILE)
+  result = _read_json(done)
+  if result is not None and result.get("depends_on") == depends:
+    log(f"[downstream] {task.name} seed {seed}: done before, {task.metric} {100 * result['score']:.1f} (skipped)")
+    return result
+  started = _read_json(os.path.join(workdir, DEPENDS_FILE))
+  before = result.get("depends_on", {}) if result is not None else started
+  if os.path.isdir(workdir) and (result is not None or before is None or before != depends):
+    what = _differs(before or {}, depends) if before else "no record of what it was trained on"
+    log(f"[downstream] {task.name} seed {seed}: {'result' if result is not None else 'run'} of another "
+        f"model or config ({what}); training again (the old folder is {_move_aside(workdir)})")
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, DEPENDS_FILE), "w", encoding="utf-8") as f:
+    json.dump(depends, f, indent=1, sort_keys=True)
   log(f"[downstream] {task.name} seed {seed}: started ({config.train.steps} steps x {config.train.batch_size}"
       f"{', ' + note if note else ''})")
   t0 = time.time()
   r = finetuner.finetune(config, workdir, init_from=init_from, extra_evals=extra_evals(task, data))
   if not r:
     raise SystemExit(f"[downstream] {task.name} seed {seed}: preempted; re-run the same command to resume")
-  result = _result(task, seed, r, time.time() - t0)
+  result = dict(_result(task, seed, r, time.time() - t0), depends_on=depends)
   with open(done + ".tmp", "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, sort_keys=True)
   os.replace(done + ".tmp", done)   # written whole, or not at all

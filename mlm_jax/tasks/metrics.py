@@ -82,6 +82,27 @@ def chunks(tags: Sequence[str]) -> list[tuple[str, int, int]]:
   return out
 
 
+_CHUNK_TAG = re.compile(r"[BIES]-.+")
+
+
+def is_chunk_tagset(labels: Iterable[str]) -> bool:
+  """Whether tags are chunk tags conlleval can read (O, B-/I-/E-/S-TYPE: IOB1, IOB2/BIO, IOBES); UPOS
+  tags (NOUN, VERB) are not: read as IOB1 they would give a meaningless chunk F1."""
+  labels = list(labels)
+  return bool(labels) and all(t == "O" or _CHUNK_TAG.fullmatch(t) for t in labels)
+
+
+def token_accuracy(gold_sentences: Iterable[Sequence[str]], pred_sentences: Iterable[Sequence[str]]) -> float:
+  """The share of tokens whose predicted tag is the gold one, over all sentences."""
+  tokens = right = 0
+  for gold, pred in zip(gold_sentences, pred_sentences):
+    if len(gold) != len(pred):
+      raise ValueError(f"sentence has {len(gold)} gold tags but {len(pred)} predicted tags")
+    tokens += len(gold)
+    right += sum(a == b for a, b in zip(gold, pred))
+  return right / tokens if tokens else 0.0
+
+
 def conlleval(gold_sentences: Iterable[Sequence[str]], pred_sentences: Iterable[Sequence[str]]) -> dict:
   """Entity-level {precision, recall, f1, accuracy, per_type: {T: {precision, recall, f1, support}}}.
 

@@ -17,6 +17,7 @@ from mlm_jax.tasks import metrics as task_metrics
 from mlm_jax.data.tokenizers.base import Tokenizer
 from mlm_jax.tasks import features, qa, readers
 
+# by kind; a token task whose tags are not chunk tags (POS) is scored by token_accuracy (Task.default_metric)
 DEFAULT_METRIC = dict(classification="accuracy", regression="pearson", token="f1", qa="f1")
 PREDICTIONS_FILE = dict(classification="predictions.jsonl", regression="predictions.jsonl",
                         token="predictions.conll", qa="predictions.json")
@@ -35,6 +36,15 @@ class Task:
   @property
   def num_labels(self) -> int:
     return max(len(self.labels), 1)
+
+  @property
+  def chunk_tags(self) -> bool:
+    """A token task whose tags are entity chunks (IOB/BIO): scored by conlleval; other tags (UPOS) by token accuracy."""
+    return self.kind == "token" and task_metrics.is_chunk_tagset(self.labels)
+
+  @property
+  def default_metric(self) -> str:
+    return "token_accuracy" if self.kind == "token" and not self.chunk_tags else DEFAULT_METRIC[self.kind]
 
   def decode(self, outputs) -> list | dict:
     """Predictions per eval example: label names, target values, tag lists or {id: answer}."""
@@ -58,6 +68,8 @@ class Task:
       p = np.asarray(pred)
       pearson = float(np.corrcoef(gold, p)[0, 1]) if len(gold) > 1 and p.std() > 0 and gold.std() > 0 else 0.0
       return dict(mse=float(np.mean((gold - p) ** 2)), pearson=pearson), pred
+    if self.kind == "token" and not self.chunk_tags:
+      return dict(token_accuracy=task_metrics.token_accuracy([e.tags for e in ex], pred)), pred
     if self.kind == "token":
       r = task_metrics.conlleval([e.tags for e in ex], pred)
       return dict(f1=r["f1"], precision=r["precision"], recall=r["recall"], token_accuracy=r["accuracy"]), pred

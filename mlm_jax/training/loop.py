@@ -31,6 +31,7 @@ class Input(Protocol):
 
   def batch(self, step: int) -> dict: ...
   # Optionally also `metrics() -> dict`: input figures for the log line (a store's epochs and tokens).
+  # And `adopted_config() -> dict`: config fields a resumed input took from its checkpoint (config.json).
   def get_state(self) -> dict: ...
   def set_state(self, state: dict) -> None: ...
 
@@ -86,7 +87,7 @@ class Loop:
     checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
     self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
-    workdir_files.write_config(self.trainer.config, self.workdir)
+    workdir_files.write_config(self._config_as_run(), self.workdir)
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = _Preemption(t.sigterm_timeout_s, checkpointer)
@@ -125,6 +126,18 @@ class Loop:
       self._best.set_state(saved)
     logging.info("resuming from step %d", latest)
     return state
+
+  def _config_as_run(self) -> ml_collections.ConfigDict:
+    """The config with the fields the resumed input took from its checkpoint (a run started on
+    next-fit rows records data.packing_fit='next'), so config.json says what the run reads."""
+    adopted = getattr(self.input, "adopted_config", dict)()
+    if not adopted:
+      return self.trainer.config
+    config = ml_collections.ConfigDict(self.trainer.config.to_dict())
+    for dotted, value in adopted.items():
+      section, field = dotted.rsplit(".", 1)
+      config[section][field] = value
+    return config
 
   def _saved_state(self) -> dict:
     return {**self.input.get_state(), **(self._best.get_state() if self._best is not None else {})}

@@ -5,12 +5,15 @@ any r, on any host, after any restart. How each part does it: docs/design_notes.
 """
 import hashlib
 import json
+import logging
 import os
+import shutil
 import tempfile
 
 import numpy as np
 
 from mlm_jax import paths
+from mlm_jax.errors import DataError
 
 INDEX_VERSION = 1   # of the cache folder's format (the files below)
 # The packing's version (index_version), in the index cache key and in the data state: 1 = next-fit
@@ -118,7 +121,20 @@ def build(lens: np.ndarray, seq_len: int, packing: str, order: np.ndarray, fit: 
 
 
 def default_cache_dir() -> str:
-  return os.path.join(tempfile.gettempdir(), "mlm_jax_data_index")
+  """A folder of this user's own under the temporary directory (uid in the name, mode 0700): a cache
+  someone else can write is not one to memory-map batches from."""
+  return os.path.join(tempfile.gettempdir(), f"mlm_jax_data_index-{os.getuid()}")
+
+
+def _private(folder: str) -> None:
+  """Create `folder` as 0700, or check that the existing one is this user's and closed to others."""
+  os.makedirs(folder, mode=0o700, exist_ok=True)
+  st = os.stat(folder)
+  if st.st_uid != os.getuid():
+    raise DataError(f"{folder}: the token store's index cache belongs to uid {st.st_uid}, not to you "
+                    f"(uid {os.getuid()}); remove it or give the run a workdir (its data_index is used)")
+  if st.st_mode & 0o077:
+    os.chmod(folder, 0o700)
 
 
 def cache_dir_for(workdir: str) -> str:
@@ -137,28 +153,74 @@ def load(folder: str, names=_ARRAYS) -> dict:
   return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in names}
 
 
-def load_or_build(cache_dir: str, key: dict, make, names=_ARRAYS) -> dict:
+def check_packing(index: dict, lens: np.ndarray, seq_len: int) -> None:
+  """ValueError unless `index` is a packing index of documents of `lens` into rows of `seq_len`:
+  every piece inside its document, row pointers covering the pieces in order, rows that fit."""
+  doc, start, length, ptr, tokens = (np.asarray(index[k]) for k in _ARRAYS)
+  if not (doc.ndim == start.ndim == length.ndim == ptr.ndim == tokens.ndim == 1):
+    raise ValueError("arrays are not 1-D")
+  if not (doc.size == start.size == length.size and ptr.size == tokens.size + 1 and ptr.size >= 1):
+    raise ValueError("array lengths disagree")
+  if ptr[0] != 0 or ptr[-1] != doc.size or (np.diff(ptr) < 0).any():
+    raise ValueError("row pointers do not cover the pieces in order")
+  if doc.size and (doc.min() < 0 or doc.max() >= lens.size):
+    raise ValueError("a piece names a document the store does not have")
+  if doc.size and ((start < 0).any() or (length < 0).any() or (start + length > lens[doc]).any()):
+    raise ValueError("a piece reaches past its document")
+  if tokens.size and (tokens.min() < 0 or tokens.max() > seq_len):
+    raise ValueError(f"a row holds more than seq_len={seq_len} tokens")
+
+
+def load_or_build(cache_dir: str, key: dict, make, names=_ARRAYS, check=None) -> dict:
   """The index for `key` from cache_dir (memory-mapped), building and saving it on a miss.
 
-  Written to a temporary folder and renamed, so concurrent hosts sharing a workdir and
-  interrupted builds never leave a half index; the loser of a race uses the winner's.
+  A folder is used only if its key.json is `key` and its arrays load (and pass `check(arrays)`, which
+  raises ValueError): otherwise it is rebuilt, with a warning. Written to a temporary folder and
+  renamed, so concurrent hosts sharing a workdir and interrupted builds never leave a half index; the
+  loser of a race uses the winner's.
   """
   folder = index_folder(cache_dir, key)
-  if not os.path.exists(os.path.join(folder, "key.json")):
-    os.makedirs(cache_dir, exist_ok=True)
-    arrays = make()
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir)
-    for k, a in arrays.items():
-      np.save(os.path.join(tmp, k + ".npy"), a)
-    with open(os.path.join(tmp, "key.json"), "w", encoding="utf-8") as f:
-      json.dump(key, f, sort_keys=True)
-    try:
-      os.replace(tmp, folder)
-    except OSError:  # another process finished first: same content
-      for k in os.listdir(tmp):
-        os.remove(os.path.join(tmp, k))
-      os.rmdir(tmp)
+  why = _untrusted(folder, key, names, check)
+  if why is None:
+    return load(folder, names)
+  if why:
+    logging.warning("data: the index cache %s %s; building it again", folder, why)
+  if cache_dir == default_cache_dir():
+    _private(cache_dir)
+  os.makedirs(cache_dir, exist_ok=True)
+  arrays = make()
+  tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir)
+  for k, a in arrays.items():
+    np.save(os.path.join(tmp, k + ".npy"), a)
+  with open(os.path.join(tmp, "key.json"), "w", encoding="utf-8") as f:
+    json.dump(key, f, sort_keys=True)
+  if why:   # an untrusted folder of this name: out of the way first
+    shutil.rmtree(folder, ignore_errors=True)
+  try:
+    os.replace(tmp, folder)
+  except OSError:  # another process finished first: same content
+    shutil.rmtree(tmp, ignore_errors=True)
   return load(folder, names)
+
+
+def _untrusted(folder: str, key: dict, names, check) -> str | None:
+  """None if `folder` holds the index for `key`; '' if there is none; else why it is not trusted."""
+  try:
+    with open(os.path.join(folder, "key.json"), encoding="utf-8") as f:
+      saved = json.load(f)
+  except FileNotFoundError:
+    return ""
+  except (OSError, ValueError) as e:
+    return f"has an unreadable key.json ({type(e).__name__})"
+  if saved != json.loads(json.dumps(key)):
+    return "has a key.json for another index"
+  try:
+    arrays = load(folder, names)
+    if check is not None:
+      check(arrays)
+  except (OSError, ValueError, EOFError) as e:
+    return f"is damaged ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+  return None
 
 
 def quotas(weights, block: int = MIX_BLOCK) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from mlm_jax.config import curricula
+from mlm_jax.config import curricula, defaults
 from mlm_jax.data.specs import is_store, mixing_weights, split_named
 from mlm_jax.data.store import batch as store_batch
 from mlm_jax.data.store import shards
@@ -56,7 +56,8 @@ class _Stream:
       order = store_index.permute(n, seed, salt, -1, lens.size) if split == "train" else n
       return store_index.build(lens, seq_len, packing, order, fit, window)
 
-    self.index = store_index.load_or_build(cache_dir, key, make)
+    self.index = store_index.load_or_build(cache_dir, key, make,
+                                           check=lambda a: store_index.check_packing(a, lens, seq_len))
     self.index_dir = store_index.index_folder(cache_dir, key)
     self.rows = int(self.index["row_ptr"].shape[0] - 1)
     self.tokens = int(store.source(name)["tokens" if split == "train" else "eval_tokens"])
@@ -357,15 +358,21 @@ class StorePipeline:
     self._tokens[:] = [state.get("tokens_local", {}).get(s.label, 0) for s in self.streams]
 
   def _adopt_fit(self, state: dict) -> None:
-    """A state saved before data.packing_fit existed continues with the next-fit rows it started on,
-    whatever the config's default now says (a state that names its fit must match it, as seq_len must)."""
-    if "packing_fit" in state.get("config", {}) or self.fit == "next":
+    """A run whose rows were next-fit packed (its state names 'next', or predates data.packing_fit)
+    continues on those rows when the config holds only the default 'best', every time it resumes
+    (`adopted_config` tells config.json); an explicit 'next' against saved 'best' rows is refused."""
+    saved = state.get("config", {}).get("packing_fit", "next")
+    if saved == self.fit or self.fit != defaults.PACKING_FIT or saved not in ("best", "next"):
       return
-    logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
-                    "packing, the rows this run started on (a new run packs by best-fit)")
-    self.fit = "next"
+    logging.warning("data: the checkpoint's rows are %s-fit packed; resuming with data.packing_fit=%r "
+                    "(config.json records it; new runs pack by %s-fit)", saved, saved, self.fit)
+    self.fit = saved
     self._stop_workers()
     self._open_streams()
+
+  def adopted_config(self) -> dict:
+    """The config fields this input took from the checkpoint instead of the config ({} if none)."""
+    return {} if self.fit == self.config.get("packing_fit", "next") else {"data.packing_fit": self.fit}
 
   def _stop_workers(self) -> None:
     if self._workers is not None:

@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from mlm_jax.config import choices
+from mlm_jax.config import choices, defaults
 from mlm_jax.data import fingerprint, specs
 from mlm_jax.data.specs import mixing_weights
 from mlm_jax.data.text import packing
@@ -285,12 +285,13 @@ class Pipeline:
   def set_state(self, state: dict) -> None:
     """Continue after `state['batches']` batches of the same stream (checked by fingerprint).
 
-    A state saved before data.packing_fit existed continues with next-fit packing, the rows it
-    started on, whatever the config's default now says."""
+    Rows that were next-fit packed (the state names 'next', or predates data.packing_fit) continue
+    next-fit when the config holds only the default 'best', at every resume (`adopted_config`)."""
     saved = state.get("fingerprint")
-    if saved in self._fingerprints(None) and self.fit != "next":
-      logging.warning("data: the saved data state predates data.packing_fit; resuming with next-fit "
-                      "packing, the rows this run started on (a new run packs by best-fit)")
+    next_fit = self._fingerprints("next") + self._fingerprints(None)
+    if self.fit == defaults.PACKING_FIT != "next" and saved in next_fit:
+      logging.warning("data: the checkpoint's rows are next-fit packed; resuming with "
+                      "data.packing_fit='next' (config.json records it; new runs pack by %s-fit)", self.fit)
       self.fit = "next"
       self._dataset = build_dataset(self.config, self.tokenizer, self.batch_size, self.seed,
                                     self.process_index, self.process_count, self.split,
@@ -306,6 +307,10 @@ class Pipeline:
             f"({state[key]!r} saved, {mine[key]!r} now), so the same batches cannot be replayed")
     self._batches = int(state["batches"])
     self._start(self._batches)
+
+  def adopted_config(self) -> dict:
+    """The config fields this input took from the checkpoint instead of the config ({} if none)."""
+    return {} if self.fit == packing_fit(self.config) else {"data.packing_fit": self.fit}
 
   def stats(self) -> dict:
     return self._stats.as_dict()
