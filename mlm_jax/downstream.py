@@ -2,7 +2,8 @@
 
 Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers folder)
 on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py (`--fast`: `:fast`,
-one seed), N seeds each; prints one table and writes OUT/downstream.json; a re-run skips what is done.
+one seed), N seeds each, and scores its masked LM zero-shot on BLiMP (`--fast`: 100 pairs a paradigm);
+prints one table and writes OUT/downstream.json; a re-run skips what is done.
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ from mlm_jax.tasks import catalogue
 
 _INIT_FROM = flags.DEFINE_string("init_from", None, "Pretraining workdir, from_hf folder or transformers folder.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (default: INIT_FROM/downstream_MODE).")
-_FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed.")
+_FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed; "
+                          "BLiMP: the first 100 pairs of each paradigm.")
 _SEEDS = flags.DEFINE_integer("seeds", 0, "Seeds per task (default: 3, or 1 with --fast).")
-_TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(catalogue.BY_NAME)} (default: all).")
+_TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(catalogue.ALL_NAMES)} (default: all).")
 _RANDOM = flags.DEFINE_bool("random_init", False, "Baseline: init_from's architecture and tokenizer, random weights.")
 _LANGS = flags.DEFINE_string("pretrain_languages", "", "Languages the model was pretrained on, e.g. en,de "
                              "(default: the names of the workdir's data.sources, 'en=...').")
-_DATA = flags.DEFINE_string("data_dir", "", "Folder holding downstream/ (default: $MLM_JAX_DATA or ../shared/data).")
+_DATA = flags.DEFINE_string("data_dir", "", "Folder holding downstream/ and zeroshot/ (default: $MLM_JAX_DATA or "
+                            "../shared/data).")
 _SET = flags.DEFINE_multi_string("set", [], "Override a field of every task's config, e.g. --set=train.steps=50.")
 
 

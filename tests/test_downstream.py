@@ -126,7 +126,7 @@ def test_table_and_json_from_seed_results():
   table = suite_report.format_table(summary).splitlines()
   assert "RANDOM INIT" in table[0] and re.match(r"sms_spam +macro-F1 +85\.0 ± 7\.1 +2 +0m20s$", table[3])
   assert re.match(r"xquad +F1 +40\.0 ± 14\.1 +2 +0m20s +\(EM 20\.0\)$", table[4])
-  assert re.match(r"average +62\.5 +\(2 tasks\)$", table[5])
+  assert re.match(r"average \(fine-tuning\) +62\.5 +\(2 tasks\)$", table[5])
   assert re.match(r"task +en +de\* +th +zh +pretrained +others$", table[-2])
   assert re.match(r"xquad +40\.0 +30\.0 +10\.0 +20\.0 +30\.0 +15\.0$", table[-1])
 

@@ -62,23 +62,88 @@ def test_mlm_metrics_and_pll(workdir, capsys):
   assert json.loads(out2.strip().splitlines()[-1]) == r
 
 
-def test_pll_matches_direct_computation(workdir):
+def _direct_pll(lm, seq, units) -> float:
+  """PLL of one sentence by one forward pass per unit (a list of positions masked together)."""
   import jax
   import jax.numpy as jnp
-  from mlm_jax.evaluation import fill_mask
-  lm = fill_mask.from_workdir(str(workdir))
-  rows = evaluate.sequences(lm.tokenizer, [str(workdir.parent / "held_out.txt")], 32, max_lines=1)
-  got = evaluate.pseudo_log_likelihood(lm, rows, 32, batch_size=4)   # several batches, last one padded
-  seq = rows[0]
   total = 0.0
-  for i in range(1, len(seq) - 1):
+  for unit in units:
     x = list(seq)
-    x[i] = lm.tokenizer.mask_id
+    for i in unit:
+      x[i] = lm.tokenizer.mask_id
     ids = jnp.asarray([x], jnp.int32)
     hidden = lm.model(ids, jnp.ones_like(ids), jnp.arange(len(x))[None])
-    total += float(jax.nn.log_softmax(lm.model.mlm_logits(hidden[0, i]))[seq[i]])
-  assert got["pll_tokens"] == len(seq) - 2
-  assert got["pll"] == pytest.approx(total, rel=1e-4)
+    logp = jax.nn.log_softmax(lm.model.mlm_logits(hidden[0]))
+    total += sum(float(logp[i, seq[i]]) for i in unit)
+  return total
+
+
+@pytest.fixture(scope="module")
+def pll_case(workdir):
+  """The fixture's model, a few real sentences of different lengths, and its transformers export."""
+  from mlm_jax.evaluation import fill_mask
+  lm = fill_mask.from_workdir(str(workdir))
+  rows = evaluate.sequences(lm.tokenizer, [str(workdir.parent / "held_out.txt")], 32, max_lines=6)
+  tok = lm.tokenizer
+  return lm, [[tok.bos_id] + r[1:n] + [tok.eos_id] for r, n in zip(rows, (5, 13, 8, 20, 3, 11))]
+
+
+def test_packed_pll_equals_unpacked_and_transformers(pll_case, workdir, tmp_path):
+  """Packed rows (segment ids, positions restarting per copy) give each sentence exactly the PLL of one copy
+  per row, and transformers' AutoModelForMaskedLM of the to_hf export agrees on the same ids to 1e-4."""
+  import numpy as np
+  from flax import nnx
+  from mlm_jax.convert import folders
+  from mlm_jax.evaluation import pll
+  lm, rows = pll_case
+  graphdef, params = nnx.split(lm.model, nnx.Param)
+  packed_scorer = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4)
+  packed = packed_scorer.pack(rows)
+  assert len(packed.input_ids) < sum(len(r) - 2 for r in rows) * 2 / 3   # copies share rows
+  assert packed.real_tokens == sum(len(r) * (len(r) - 2) for r in rows)
+  got = packed_scorer(params, rows)
+  unpacked = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, one_per_row=True)(params, rows)
+  np.testing.assert_allclose(got, unpacked, rtol=0, atol=1e-4)
+  assert got[0] == pytest.approx(_direct_pll(lm, rows[0], [[i] for i in range(1, len(rows[0]) - 1)]), abs=1e-4)
+
+  pytest.importorskip("transformers")
+  import torch
+  import transformers
+  folders.to_hf(str(workdir), str(tmp_path / "hf"))
+  hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
+  for seq, ours in zip(rows, got):
+    copies = torch.tensor([seq] * (len(seq) - 2))
+    where = torch.arange(1, len(seq) - 1)
+    copies[torch.arange(len(where)), where] = lm.tokenizer.mask_id
+    with torch.no_grad():
+      logp = torch.log_softmax(hf(input_ids=copies).logits.double(), -1)
+    theirs = float(logp[torch.arange(len(where)), where, torch.tensor(seq)[where]].sum())
+    assert ours == pytest.approx(theirs, abs=1e-4)
+
+
+def test_whole_word_pll_masks_each_word_whole(pll_case):
+  """Whole-word PLL: one copy per word (pretraining's word starts), all its pieces masked; it differs from
+  the token PLL where a word has several pieces and equals the direct computation."""
+  import numpy as np
+  from flax import nnx
+  from mlm_jax.evaluation import pll
+  lm, rows = pll_case
+  graphdef, params = nnx.split(lm.model, nnx.Param)
+  starts = pll.WordStarts(lm.tokenizer)
+  seq = next(r for r in rows if (starts(np.asarray(r))[1:-1] == 0).any())   # a word of several pieces
+  ws = starts(np.asarray(seq))
+  words, unit = [], []
+  for i in range(1, len(seq) - 1):
+    if ws[i] and unit:
+      words.append(unit)
+      unit = []
+    unit.append(i)
+  words.append(unit)
+  assert len(words) < len(seq) - 2
+  whole = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, whole_word=True)(params, [seq, rows[0]])
+  token = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4)(params, [seq])
+  assert whole[0] == pytest.approx(_direct_pll(lm, seq, words), abs=1e-4)
+  assert abs(whole[0] - token[0]) > 2e-5   # 2.5e-4 for this near-uniform random model; float error ~1e-6
 
 
 def test_errors_are_one_line(workdir, capsys):

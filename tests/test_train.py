@@ -91,11 +91,12 @@ ELECTRA = ("--config.objective=electra", "--config.model.embedding_size=32", "--
 @pytest.fixture(scope="module")
 def electra_run(tmp_path_factory, corpus_and_tokenizer, shared_data):
   """A finished 12-step ELECTRA run (checkpoints 6 and 12): the kill -9 test's reference, and exported.
-  It also probes its discriminator every 6 steps (probes read parameters only: the losses are the same)."""
+  It also probes its discriminator every 6 steps and scores its generator on 2 BLiMP pairs of each paradigm
+  (probes read parameters only: the losses are the same)."""
   wd = tmp_path_factory.mktemp("electra") / "run"
   p = _run(_cmd(wd, corpus_and_tokenizer, *ELECTRA, "--config.train.save_every=6", "--config.train.probe_every=6",
-                "--config.train.probe_tasks=('sms_spam','pos')", "--config.train.probe_train_examples=64",
-                "--config.train.probe_eval_examples=32", steps=12))
+                "--config.train.probe_tasks=('sms_spam','pos','blimp')", "--config.train.probe_train_examples=64",
+                "--config.train.probe_eval_examples=32", "--config.train.probe_blimp_pairs=2", steps=12))
   assert p.returncode == 0, p.stderr[-3000:]
   return wd
 
@@ -238,7 +239,8 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   lines = [json.loads(line) for line in (electra_run / "metrics.jsonl").read_text().splitlines()]
   probes = {m["step"]: m for m in lines if "probe/token_cosine" in m}
   assert sorted(probes) == [0, 6, 12]   # the demo config evaluates (and probes) before step 1 too
-  assert all(0 <= m[f"probe/{t}"] <= 1 for m in probes.values() for t in ("sms_spam", "pos")), probes
+  assert all(0 <= m[f"probe/{t}"] <= 1 for m in probes.values() for t in ("sms_spam", "pos", "blimp")), probes
+  assert all(m["probe/blimp_seconds"] > 0 for m in probes.values())
   final = [m for m in lines if "eval_disc_auc" in m][-1]
   assert final["step"] == 12 and all(0 <= final[f"eval_{k}"] <= 1 for k in ("disc_auc", "disc_precision",
                                                                               "disc_recall", "sampled_accuracy"))

@@ -5,9 +5,9 @@
   python tools/evaluate.py mlm --hf_dir=HF_DIR --data=held_out.txt.gz [--against_transformers]
 
 Each non-empty line is a sequence `<s> pieces </s>`. MLM uses the run's masking with a fixed seed, so
-checkpoints are compared on the same masks; PLL (one forward pass per token) covers the first
-`--pll_lines` lines (docs/design_notes.md#toolsevaluatepy). Prints one JSON object; errors are one
-line on stderr and exit code 2.
+checkpoints are compared on the same masks; PLL (mlm_jax/evaluation/pll.py, packed masked copies) covers
+the first `--pll_lines` lines (docs/design_notes.md#toolsevaluatepy). Prints one JSON object; errors are
+one line on stderr and exit code 2.
 """
 import argparse
 import json
@@ -28,6 +28,7 @@ def _parser():
   m.add_argument("--batch_size", type=int, default=32)
   m.add_argument("--max_lines", type=int, default=0, help="use only the first N sequences (0 = all)")
   m.add_argument("--pll_lines", type=int, default=50, help="sequences scored by PLL (0 = none)")
+  m.add_argument("--whole_word", action="store_true", help="PLL masks every piece of a word together")
   m.add_argument("--seed", type=int, default=0, help="masking seed")
   m.add_argument("--against_transformers", action="store_true",
                  help="with --hf_dir: also run transformers' AutoModelForMaskedLM on the same masked batches "
@@ -108,48 +109,20 @@ def _transformers_loss_sum(model, masked) -> float:
   return float(out.loss) * int(w.sum())
 
 
-def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int) -> dict:
-  """Sum over tokens (BOS/EOS excluded) of log p(token | sequence with that token masked)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
+def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int, whole_word: bool = False) -> dict:
+  """Sum over tokens (BOS/EOS excluded) of log p(token | the rest), the copies packed (evaluation/pll.py)."""
   from flax import nnx
-  tok = lm.tokenizer
+  from mlm_jax.evaluation import pll
   graphdef, params = nnx.split(lm.model, nnx.Param)
-
-  @jax.jit
-  def logprob_fn(params, ids, seg, pos, where, target):
-    model = nnx.merge(graphdef, params)
-    hidden = model(ids, seg, pos)
-    picked = jnp.take_along_axis(hidden, where[:, None, None], axis=1)[:, 0]
-    logp = jax.nn.log_softmax(model.mlm_logits(picked).astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, target[:, None], axis=-1)[:, 0]
-
-  # One copy per (sequence, position), masked there.
-  copies = [(r, i) for r in range(len(rows)) for i in range(1, len(rows[r]) - 1)]
-  total, count = 0.0, 0
-  for b in range(0, len(copies), batch_size):
-    chunk = copies[b:b + batch_size]
-    masked, where, target = [], [], []
-    for r, i in chunk:
-      seq = list(rows[r])
-      target.append(seq[i])
-      seq[i] = tok.mask_id
-      masked.append(seq)
-      where.append(i)
-    n = len(chunk)
-    pad = batch_size - n
-    ids, seg, pos = _pack(masked + [masked[0]] * pad, seq_len, tok.pad_id, batch_size)
-    lp = logprob_fn(params, ids, seg, pos, np.asarray(where + [where[0]] * pad, np.int32),
-                    np.asarray(target + [target[0]] * pad, np.int32))
-    total += float(np.asarray(jax.device_get(lp))[:n].astype(np.float64).sum())
-    count += n
+  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, whole_word=whole_word)
+  per_row = scorer(params, rows)
+  total, count = float(per_row.sum()), sum(len(r) - 2 for r in rows)
   per = total / max(count, 1)
   return dict(pll=total, pll_tokens=count, pll_sequences=len(rows), pll_per_token=per, pseudo_perplexity=math.exp(-per))
 
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
-                 max_lines=0, pll_lines=50, seed=0, against_transformers=False) -> dict:
+                 max_lines=0, pll_lines=50, seed=0, against_transformers=False, whole_word=False) -> dict:
   from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import UserError
   from mlm_jax.evaluation import fill_mask
@@ -176,7 +149,7 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
     hf_model = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir).eval()
   out.update(mlm_metrics(lm, kcfg, rows, seq_len, batch_size, seed, hf_model))
   if pll_lines:
-    out.update(pseudo_log_likelihood(lm, rows[:pll_lines], seq_len, batch_size))
+    out.update(pseudo_log_likelihood(lm, rows[:pll_lines], seq_len, batch_size, whole_word))
   return out
 
 
@@ -187,7 +160,8 @@ def main(argv=None) -> int:
   try:
     result = evaluate_mlm(workdir=a.workdir, hf_dir=a.hf_dir, data=a.data, step=a.step, tokenizer=a.tokenizer,
                           seq_len=a.seq_len, batch_size=a.batch_size, max_lines=a.max_lines, pll_lines=a.pll_lines,
-                          seed=a.seed, against_transformers=a.against_transformers)
+                          seed=a.seed, against_transformers=a.against_transformers,
+                          whole_word=a.whole_word)
   except UserError as e:
     runtime.report_user_error(e)
     return 2

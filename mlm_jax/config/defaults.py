@@ -20,11 +20,13 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t.eval_batches = 20            # pretraining: held-out global batches per evaluation
   t.eval_at_start = False        # also evaluate (and probe) the untrained model before the first step
   # Pretraining: linear probes of the frozen encoder every probe_every steps (0 = off; mlm_jax/evaluation/probe.py),
-  # on samples of these downstream suite tasks (sentence or token classification; ../shared/data).
+  # on samples of these downstream suite tasks (sentence or token classification; ../shared/data), and
+  # "blimp": zero-shot BLiMP accuracy by PLL on the first probe_blimp_pairs pairs of each of its 67 paradigms.
   t.probe_every = 0
   t.probe_tasks = ("sms_spam", "polarity", "pos")
   t.probe_train_examples = 384
   t.probe_eval_examples = 256
+  t.probe_blimp_pairs = 10
   t.save_every = 500
   t.keep_checkpoints = 3
   t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error

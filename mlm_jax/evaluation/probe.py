@@ -1,7 +1,8 @@
 """Linear probes of the frozen encoder during pretraining: is it learning features a task can use?
 
 Every `train.probe_every` steps: a closed-form ridge classifier on a fixed sample of each
-`train.probe_tasks` task, logged as `probe/<task>`, plus `probe/token_cosine` (near 1 = collapsed).
+`train.probe_tasks` task, logged as `probe/<task>`, plus `probe/token_cosine` (near 1 = collapsed);
+`blimp` among the tasks adds `probe/blimp`, the masked LM's zero-shot accuracy on a fixed BLiMP subset.
 Comparable across the steps of one run, not a fine-tuning estimate (docs/design_notes.md#probe).
 """
 from __future__ import annotations
@@ -130,7 +131,8 @@ def from_suite(names, tok, seq_len: int, type_vocab_size: int, max_train: int, m
   out = []
   for name in names:
     if name not in catalogue.BY_NAME:
-      raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of {', '.join(catalogue.BY_NAME)})")
+      raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of "
+                        f"{', '.join(catalogue.BY_NAME)}, blimp)")
     task = catalogue.BY_NAME[name]
     cfg = catalogue.load_config(task, "fast", catalogue.data_dir())
     if cfg.task.kind not in DEFAULT_METRIC:
@@ -159,10 +161,33 @@ class Probes:
     return out
 
 
+class BlimpProbe:
+  """`probe/blimp`: zero-shot BLiMP accuracy (ties wrong) of the objective's masked LM on the first `pairs`
+  pairs of every paradigm, its PLL rows of `seq_len` tokens split over the run's mesh."""
+
+  def __init__(self, trainer, tok, pairs: int, seq_len: int):
+    from mlm_jax.errors import ConfigError
+    from mlm_jax.evaluation import pll
+    from mlm_jax.tasks import blimp, catalogue
+    if pairs < 1:
+      raise ConfigError(f"train.probe_blimp_pairs={pairs}: expected at least 1 pair per paradigm")
+    path, model_cfg = trainer.objective.masked_lm(trainer.config)
+    pll.check_mlm_head(model_cfg, "train.probe_tasks=blimp")
+    self.paradigms = blimp.read(blimp.folder(catalogue.data_dir(need=blimp.FOLDER)), pairs)
+    self.scorer = pll.Scorer(trainer.graphdef, tok, seq_len, rows=Probe.ROWS, path=path, mesh=trainer.mesh)
+    self.scorer.pack(pll.encode(tok, [s for p in self.paradigms for s in p.good + p.bad]))   # fails at start
+
+  def __call__(self, params) -> dict:
+    from mlm_jax.evaluation import zeroshot
+    r = zeroshot.blimp(self.scorer, params, self.paradigms)
+    return {"probe/blimp": r["overall"], "probe/blimp_seconds": r["seconds"]}
+
+
 class Probe:
   """The training loop's probe: the objective's encoder run without dropout on fixed samples of
   `train.probe_tasks`, replicated on every device (a probe batch is small), linear classifiers fit
-  on the host. Its task samples are read at start, so a bad task name fails before training."""
+  on the host; `blimp` scores the masked LM (BlimpProbe). Its task samples are read at start, so a bad
+  task name fails before training."""
 
   ROWS = 64   # a probe forward pass's batch: one compiled shape for every probe
 
@@ -171,8 +196,11 @@ class Probe:
     config = trainer.config
     path, model_cfg = trainer.objective.encoder(config)
     t = config.train
-    self.probes = Probes(from_suite(t.probe_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size,
-                                    t.probe_train_examples, t.probe_eval_examples), self.ROWS)
+    suite_tasks = [n for n in t.probe_tasks if n != "blimp"]
+    self.probes = Probes(from_suite(suite_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size,
+                                    t.probe_train_examples, t.probe_eval_examples), self.ROWS) if suite_tasks else None
+    self.blimp = (BlimpProbe(trainer, tok, int(t.probe_blimp_pairs), config.data.seq_len)
+                  if "blimp" in t.probe_tasks else None)
     self.replicated = sharding.replicated(trainer.mesh)
 
     def hidden(params, batch):
@@ -187,4 +215,7 @@ class Probe:
       keys = ("input_ids", "segment_ids", "positions", "token_type_ids")
       placed = {k: jax.make_array_from_process_local_data(self.replicated, batch[k]) for k in keys}
       return np.asarray(self.hidden(params, placed).addressable_data(0))
-    return self.probes(last_layer)
+    out = self.probes(last_layer) if self.probes is not None else {}
+    if self.blimp is not None:
+      out.update(self.blimp(params))
+    return out

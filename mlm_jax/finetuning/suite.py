@@ -1,5 +1,6 @@
 """The downstream suite's runner: every selected task of the catalogue (tasks/catalogue.py), its budget
-and N seeds, through the one fine-tuning path (finetuner.py), in OUT/TASK/seedN.
+and N seeds, through the one fine-tuning path (finetuner.py), in OUT/TASK/seedN; zero-shot tasks
+(zeroshot_suite.py) in OUT/TASK.
 
 A finished run's suite_result.json is read back by a re-run, a killed one resumes, as long as what the
 result depends on (`depends_on`: the init checkpoint, the task's config, --set, mode) is unchanged; otherwise
@@ -16,7 +17,8 @@ import shutil
 import time
 
 from mlm_jax.errors import DataError
-from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select
+from mlm_jax.tasks import blimp
+from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select, select_zeroshot
 
 RESULT_FILE = "suite_result.json"
 QA_SPECIAL_TOKENS = 4   # <s> question </s></s> context </s>: the most a layout adds (BERT's adds 3)
@@ -169,25 +171,30 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
 def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, seeds: int = 0,
               random_init: bool = False, pretrain_langs: str = "", data: str = "", overrides: dict | None = None,
               log=say) -> dict:
-  """Every selected task x seed (finished ones read back), then the summary, written to OUT/downstream.json
-  and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model."""
-  from mlm_jax.finetuning import suite_report
+  """Every selected task x seed (finished ones read back) and the zero-shot tasks, then the summary, written
+  to OUT/downstream.json and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model."""
+  from mlm_jax.finetuning import suite_report, zeroshot_suite
   from mlm_jax.training import provision
-  data, chosen = data_dir(data), select(tasks)
+  chosen, zero = select(tasks), select_zeroshot(tasks)
+  data = data_dir(data, "downstream" if chosen else blimp.FOLDER)
   for t in chosen:
     if not os.path.isdir(os.path.join(data, "downstream", t.folder)):
       raise DataError(f"{os.path.join(data, 'downstream', t.folder)}: no such folder (the data of task {t.name!r})")
   mode, num_seeds = ("fast" if fast else "full"), seeds or (1 if fast else 3)
   os.makedirs(out, exist_ok=True)
-  source = provision.init_source(init_from, out)
+  source = provision.init_source(init_from, out) if chosen else init_from
   langs, langs_from = pretrain_languages(init_from, pretrain_langs)
+  zeroshot = {}
+  if zero:
+    zeroshot["blimp"] = zeroshot_suite.run_blimp(init_from=init_from, source=source, out=out, fast=fast,
+                                                 random_init=random_init, data=data, log=log)
   results = {}
   for t in chosen:
     results[t.name] = [run_one(t, s, init_from=source, out=out, mode=mode, data=data, random_init=random_init,
                                overrides=overrides, log=log) for s in range(num_seeds)]
   info = dict(init_from=os.path.abspath(init_from), mode=mode, num_seeds=num_seeds, random_init=random_init,
               pretrain_languages=langs, pretrain_languages_from=langs_from, data=data)
-  summary = suite_report.summarize(chosen, results, info)
+  summary = suite_report.summarize(chosen, results, info, zeroshot)
   table = suite_report.format_table(summary)
   with open(os.path.join(out, "downstream.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=1)   # tasks in the suite's order

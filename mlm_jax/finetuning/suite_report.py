@@ -1,4 +1,5 @@
-"""The downstream suite's table and JSON: per task mean ± std over seeds, one average, zero-shot columns.
+"""The downstream suite's table and JSON: per task mean ± std over seeds, the average of each group
+(fine-tuning, zero-shot), zero-shot cross-lingual columns and BLiMP's phenomena beside the paper's rows.
 
 Scores are percentages of each task's standard metric, averaged unweighted over tasks, as a GLUE table
 does; how the cross-lingual means are taken: docs/design_notes.md#finetuner-suite-suite_report.
@@ -36,10 +37,13 @@ def summarize_task(task, results: list, seen: list) -> dict:
   return row
 
 
-def summarize(tasks: list, results: dict, info: dict) -> dict:
-  """The JSON: run info, per task rows, and the average over tasks (of the per-task means)."""
+def summarize(tasks: list, results: dict, info: dict, zeroshot: dict | None = None) -> dict:
+  """The JSON: run info, per task rows, the average over fine-tuning tasks (of the per-task means), and
+  the zero-shot tasks' results (BLiMP: overall, phenomena, every paradigm) with their average."""
   rows = {t.name: summarize_task(t, results[t.name], info["pretrain_languages"]) for t in tasks}
-  return dict(info, tasks=rows, average=_mean(r["mean"] for r in rows.values()))
+  zeroshot = zeroshot or {}
+  return dict(info, tasks=rows, average=_mean(r["mean"] for r in rows.values()), zeroshot=zeroshot,
+              zeroshot_average=_mean(100 * z["overall"] for z in zeroshot.values()))
 
 
 def _cell(value, std=None) -> str:
@@ -59,7 +63,28 @@ def main_table(summary: dict) -> list[str]:
     extra = f"  (EM {row['exact_match']:.1f})" if "exact_match" in row else ""
     lines.append(f"{name:<15}{metric:<10}{_cell(row['mean'], row['std']):>20}{len(row['seeds']):>7}"
                  f"{_time(row['seconds']):>10}{extra}")
-  lines.append(f"{'average':<25}{_cell(summary['average']):>20}   ({len(summary['tasks'])} tasks)")
+  if summary["tasks"]:
+    lines.append(f"{'average (fine-tuning)':<25}{_cell(summary['average']):>20}   ({len(summary['tasks'])} tasks)")
+  zeroshot = summary.get("zeroshot") or {}
+  for name, z in zeroshot.items():
+    lines.append(f"{name:<15}{'acc':<10}{_cell(100 * z['overall']):>20}{'-':>7}{_time(z['seconds']):>10}"
+                 f"  (zero-shot, {z['pairs']} pairs)")
+  if zeroshot:
+    lines.append(f"{'average (zero-shot)':<25}{_cell(summary['zeroshot_average']):>20}   ({len(zeroshot)} tasks)")
+  return lines
+
+
+def blimp_table(summary: dict) -> list[str]:
+  """BLiMP per phenomenon (mean over its paradigms) and overall (mean over paradigms), beside the paper's rows."""
+  z = (summary.get("zeroshot") or {}).get("blimp")
+  if not z:
+    return []
+  published = z.get("published") or {}
+  rows = list(published)
+  lines = [f"{'phenomenon':<36}{'this model':>11}" + "".join(f"{r:>16}" for r in rows)]
+  for term, acc in list(z["phenomena"].items()) + [("overall", z["overall"])]:
+    cells = "".join(f"{_cell(100 * published[r][term]) if term in published[r] else '-':>16}" for r in rows)
+    lines.append(f"{term:<36}{_cell(100 * acc):>11}{cells}")
   return lines
 
 
@@ -83,6 +108,11 @@ def format_table(summary: dict) -> str:
   head = (f"downstream suite: {summary['init_from']}  mode={summary['mode']}  seeds={summary['num_seeds']}"
           f"{'  RANDOM INIT' if summary['random_init'] else ''}")
   lines = [head, ""] + main_table(summary)
+  bl = blimp_table(summary)
+  if bl:
+    pairs = summary["zeroshot"]["blimp"]["pairs"]
+    lines += ["", f"zero-shot BLiMP (pseudo-log-likelihood, a tie is wrong; {pairs} pairs; the paper's rows: "
+                  "all 67,000 pairs)"] + bl
   xl = crosslingual_table(summary)
   if xl:
     seen = summary["pretrain_languages"]

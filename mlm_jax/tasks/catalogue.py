@@ -40,26 +40,41 @@ TASKS = (
               also="exact_match"),
 )
 BY_NAME = {t.name: t for t in TASKS}
+# Scored by the masked LM itself, without fine-tuning (finetuning/zeroshot_suite.py).
+ZERO_SHOT = ("blimp",)
+ALL_NAMES = tuple(BY_NAME) + ZERO_SHOT
 TRAIN_LANGUAGE = "en"
 
 
-def data_dir(path: str = "") -> str:
-  """The folder holding downstream/ (--data_dir, else $MLM_JAX_DATA, else ../shared/data)."""
+def data_dir(path: str = "", need: str = "downstream") -> str:
+  """The folder holding `need` (downstream/; zeroshot/blimp) (--data_dir, else $MLM_JAX_DATA, else ../shared/data)."""
   root = path or os.environ.get("MLM_JAX_DATA") or os.path.join(os.path.dirname(__file__), "..", "..", "..",
                                                                  "shared", "data")
-  if not os.path.isdir(os.path.join(root, "downstream")):
-    raise DataError(f"{os.path.join(root, 'downstream')}: no such folder (the downstream data sets; set "
-                    "MLM_JAX_DATA or --data_dir to the folder holding downstream/)")
+  if not os.path.isdir(os.path.join(root, need)):
+    raise DataError(f"{os.path.join(root, need)}: no such folder (the suite's data sets; set "
+                    f"MLM_JAX_DATA or --data_dir to the folder holding {need}/)")
   return os.path.abspath(root)
 
 
-def select(names: str) -> list[SuiteTask]:
-  """--tasks=a,b (empty: all), in the suite's order; an unknown name is an error naming the choices."""
-  wanted = [n.strip() for n in names.split(",") if n.strip()] if names else [t.name for t in TASKS]
-  unknown = [n for n in wanted if n not in BY_NAME]
+def _wanted(names: str) -> list:
+  wanted = [n.strip() for n in names.split(",") if n.strip()] if names else list(ALL_NAMES)
+  unknown = [n for n in wanted if n not in ALL_NAMES]
   if unknown:
-    raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (expected some of {', '.join(BY_NAME)})")
+    raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (expected some of {', '.join(ALL_NAMES)})")
+  return wanted
+
+
+def select(names: str) -> list[SuiteTask]:
+  """The fine-tuning tasks of --tasks=a,b (empty: all), in the suite's order; an unknown name is an error
+  naming the choices."""
+  wanted = _wanted(names)
   return [t for t in TASKS if t.name in wanted]
+
+
+def select_zeroshot(names: str) -> list[str]:
+  """The zero-shot tasks of --tasks (empty: all)."""
+  wanted = _wanted(names)
+  return [n for n in ZERO_SHOT if n in wanted]
 
 
 def configs_dir() -> str:

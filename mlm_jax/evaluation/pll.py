@@ -1,0 +1,202 @@
+"""Pseudo-log-likelihood (Salazar et al., 2020): per sentence, the sum over its tokens of log p(token | rest).
+
+Each sentence becomes one copy per unit (a non-special token, or with `whole_word` every piece of a word
+together), that unit masked; copies of many sentences are packed into fixed rows with segment ids and
+positions restarting per copy, as pretraining rows are, so one compiled step on the run's mesh scores
+any set with no padding but the tails of rows (docs/design_notes.md#pll).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlm_jax.errors import UserError
+from mlm_jax.model import sharding
+
+# Rows kept open for best fit while packing: enough that nearly every slot holds a token.
+OPEN_ROWS = 8
+SLOT_MULTIPLE = 8
+
+
+@dataclasses.dataclass
+class Packed:
+  """Rows of masked copies and, per row, the slots predicted: their position, true id and sentence."""
+  input_ids: np.ndarray       # [rows, row_len]
+  segment_ids: np.ndarray     # [rows, row_len], 0 = padding
+  positions: np.ndarray       # [rows, row_len], restarting at each copy
+  slot_positions: np.ndarray  # [rows, slots]
+  slot_targets: np.ndarray    # [rows, slots]
+  slot_sentence: np.ndarray   # [rows, slots], -1 = an empty slot
+
+  @property
+  def real_tokens(self) -> int:
+    return int((self.segment_ids > 0).sum())
+
+
+class WordStarts:
+  """The tokenizer's word-start rule as pretraining applies it (data/store/prepare.py, data/text/packing.py):
+  a piece starts a word by its table entry, or after a piece that ends in whitespace; the first always."""
+
+  def __init__(self, tok):
+    self.table = np.asarray(tok.word_start_table(), np.int32)
+    after = tok.after_space_table()
+    self.after = None if after is None else np.asarray(after, np.int32)
+
+  def __call__(self, ids: np.ndarray) -> np.ndarray:
+    ws = self.table[ids].copy()
+    if self.after is not None and len(ids) > 1:
+      ws[1:] = np.maximum(ws[1:], self.after[ids[:-1]])
+    if len(ws):
+      ws[0] = 1
+    return ws
+
+
+def unit_masks(ids: np.ndarray, special: np.ndarray, starts: np.ndarray | None) -> np.ndarray:
+  """[units, len] bool: which positions each copy masks. Tokens: one per non-special token; words
+  (`starts` given): the pieces from a word start to the next start or special token."""
+  body = np.flatnonzero(~special)
+  if starts is None:
+    out = np.zeros((len(body), len(ids)), bool)
+    out[np.arange(len(body)), body] = True
+    return out
+  word = np.cumsum((starts > 0) | special) - 1     # word index of each position
+  words = np.unique(word[body])
+  return (word[None, :] == words[:, None]) & ~special[None, :]
+
+
+class _Rows:
+  """Best fit of equal-length copies into rows of `row_len`, over the last OPEN_ROWS rows."""
+
+  def __init__(self, row_len: int, one_per_row: bool):
+    self.row_len, self.one_per_row = row_len, one_per_row
+    self.used, self.copies, self.open = [], [], []
+
+  def place(self, length: int, count: int):
+    """Yields (row, offset, first segment, copies) blocks holding `count` copies of `length` tokens."""
+    while count:
+      fits = [r for r in self.open if self.row_len - self.used[r] >= length]
+      if fits:
+        r = min(fits, key=lambda r: self.row_len - self.used[r])
+      else:
+        r = len(self.used)
+        self.used.append(0)
+        self.copies.append(0)
+        self.open.append(r)
+        if len(self.open) > OPEN_ROWS:
+          self.open.pop(0)
+      k = 1 if self.one_per_row else min(count, (self.row_len - self.used[r]) // length)
+      yield r, self.used[r], self.copies[r] + 1, k
+      self.used[r] += k * length
+      self.copies[r] += k
+      count -= k
+      if self.one_per_row or self.row_len - self.used[r] < 3:
+        self.open.remove(r)
+
+
+def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_row: bool = False) -> Packed:
+  """The masked copies of `sentences` (id lists with BOS/EOS) in rows of `row_len` tokens."""
+  special_ids = np.asarray(tok.special_ids)
+  starts_of = WordStarts(tok) if whole_word else None
+  rows = _Rows(row_len, one_per_row)
+  blocks = []   # (row, offset, first segment, ids [k, L], masks [k, L], sentence)
+  for s, sentence in enumerate(sentences):
+    ids = np.asarray(sentence, np.int32)
+    if len(ids) > row_len:
+      raise UserError(f"sentence {s} is {len(ids)} tokens long with BOS/EOS; PLL rows hold {row_len} "
+                      "(the model's positions)")
+    special = np.isin(ids, special_ids)
+    masks = unit_masks(ids, special, starts_of(ids) if starts_of else None)
+    done = 0
+    for r, offset, seg, k in rows.place(len(ids), len(masks)):
+      m = masks[done:done + k]
+      blocks.append((r, offset, seg, np.where(m, tok.mask_id, ids[None, :]), m, ids, s))
+      done += k
+  n_rows = len(rows.used)
+  input_ids = np.full((n_rows, row_len), tok.pad_id, np.int32)
+  segment_ids = np.zeros((n_rows, row_len), np.int32)
+  positions = np.zeros((n_rows, row_len), np.int32)
+  slots = [[] for _ in range(n_rows)]
+  for r, offset, seg, copies, m, ids, s in blocks:
+    k, length = copies.shape
+    span = slice(offset, offset + k * length)
+    input_ids[r, span] = copies.reshape(-1)
+    segment_ids[r, span] = np.repeat(np.arange(seg, seg + k, dtype=np.int32), length)
+    positions[r, span] = np.tile(np.arange(length, dtype=np.int32), k)
+    j, p = np.nonzero(m)
+    slots[r].append(np.stack([offset + j * length + p, ids[p], np.full_like(p, s)], axis=1))
+  per_row = [np.concatenate(x) if x else np.zeros((0, 3), np.int64) for x in slots]
+  width = max([len(x) for x in per_row] + [1])
+  width = -(-width // SLOT_MULTIPLE) * SLOT_MULTIPLE
+  slot = np.zeros((n_rows, width, 3), np.int32)
+  slot[..., 2] = -1
+  for r, x in enumerate(per_row):
+    slot[r, :len(x)] = x
+  return Packed(input_ids, segment_ids, positions, slot[..., 0], slot[..., 1], slot[..., 2])
+
+
+def encode(tok, texts: list) -> list:
+  """`<s> pieces </s>` id lists of texts, as pretraining rows hold a document."""
+  return [[tok.bos_id] + ids + [tok.eos_id] for ids in tok.encode_batch(list(texts))]
+
+
+def check_mlm_head(model_cfg, where: str) -> None:
+  if not model_cfg.get("mlm_head", True):
+    raise UserError(f"{where}: the model has no MLM head (an ELECTRA discriminator); pseudo-log-likelihood "
+                    "needs the masked LM (the generator)")
+
+
+class Scorer:
+  """PLL of sentences under a masked LM given as (graphdef, params[, path to the masked-LM module]).
+
+  `rows` copies-rows per step (rounded up to the mesh's batch parallelism), `row_len` tokens a row.
+  One compile per (rows, row_len, slots) shape; `one_per_row` gives the unpacked reference."""
+
+  def __init__(self, graphdef, tok, row_len: int, *, rows: int = 64, path: str = "", whole_word: bool = False,
+               mesh=None, one_per_row: bool = False):
+    from flax import nnx
+    self.tok, self.row_len, self.whole_word, self.one_per_row = tok, int(row_len), whole_word, one_per_row
+    self.mesh = mesh
+    parallel = 1 if mesh is None else sharding._axis_size(mesh, sharding.BATCH_AXES)
+    self.rows = -(-int(rows) // parallel) * parallel
+
+    def logprobs(params, ids, seg, pos, slot_pos, slot_target):
+      model = nnx.merge(graphdef, params)
+      for name in filter(None, path.split(".")):
+        model = getattr(model, name)
+      hidden = model(ids, seg, pos)
+      picked = jnp.take_along_axis(hidden, slot_pos[..., None], axis=1)
+      logp = jax.nn.log_softmax(model.mlm_logits(picked).astype(jnp.float32), axis=-1)
+      return jnp.take_along_axis(logp, slot_target[..., None], axis=-1)[..., 0]
+
+    if mesh is None:
+      self.step = jax.jit(logprobs)
+      self.place = jnp.asarray
+    else:
+      batch_sh = sharding.batch_sharding(mesh)
+      self.step = jax.jit(logprobs, out_shardings=sharding.replicated(mesh))
+      self.place = lambda a: jax.make_array_from_callback(a.shape, batch_sh, lambda idx: a[idx])
+
+  def pack(self, sentences: list) -> Packed:
+    return pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row)
+
+  def __call__(self, params, sentences: list) -> np.ndarray:
+    """float64 [sentences]: the PLL of each id list (with BOS/EOS)."""
+    p = self.pack(sentences)
+    total = np.zeros(len(sentences), np.float64)
+    for b in range(0, len(p.input_ids), self.rows):
+      part = [a[b:b + self.rows] for a in (p.input_ids, p.segment_ids, p.positions, p.slot_positions,
+                                           p.slot_targets, p.slot_sentence)]
+      short = self.rows - len(part[0])
+      if short:   # the last step: empty rows (segment 0, no slots) keep the compiled shape
+        part = [np.concatenate([a, np.full((short,) + a.shape[1:], -1 if i == 5 else 0, a.dtype)])
+                for i, a in enumerate(part)]
+      lp = np.asarray(jax.device_get(self.step(params, *[self.place(a) for a in part[:5]])), np.float64)
+      keep = part[5] >= 0
+      np.add.at(total, part[5][keep], lp[keep])
+    return total
+
+  def score_texts(self, params, texts: list) -> np.ndarray:
+    return self(params, encode(self.tok, texts))

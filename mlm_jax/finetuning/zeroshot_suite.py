@@ -1,0 +1,81 @@
+"""The suite's zero-shot tasks (BLiMP): the masked LM of INIT_FROM scores minimal pairs by PLL, no training.
+
+`--fast` scores the first FAST_PAIRS pairs of each paradigm; a finished result (OUT/blimp/result.json) is
+read back by a re-run. The model is replicated over a mesh of every device, its PLL rows split over it.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+
+from mlm_jax.errors import UserError
+from mlm_jax.tasks import blimp
+
+FAST_PAIRS = 100          # per paradigm: 6,700 pairs
+PLL_ROWS = 64             # rows of packed masked copies per step
+PLL_ROW_LEN = 128         # tokens a row at most (fewer when the model has fewer positions)
+RESULT_FILE = "result.json"
+
+
+def load_masked_lm(init_from: str, source: str, random_init: bool):
+  """(MaskedLM, what it is): a transformers folder is read directly (so a folder without an MLM head is an
+  error, not a fresh head's score), anything else as the workdir `source`; random_init: fresh weights."""
+  from mlm_jax.evaluation import fill_mask
+  from mlm_jax.model.encoder import Encoder
+  with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
+    is_hf = "model_type" in json.load(f)
+  lm = fill_mask.from_hf_dir(init_from) if is_hf else fill_mask.from_workdir(source)
+  if random_init:
+    lm.model = Encoder(lm.model_config, seed=0)
+    lm.source += " (random init)"
+  return lm
+
+
+def row_len(model_cfg: ml_collections.ConfigDict) -> int:
+  if model_cfg.get("positions", "learned") != "learned":
+    return PLL_ROW_LEN
+  return min(PLL_ROW_LEN, int(model_cfg.max_position_embeddings) - int(model_cfg.position_offset))
+
+
+def scorer_for(lm, whole_word: bool = False):
+  """(pll.Scorer, params placed on the mesh) for a MaskedLM."""
+  from flax import nnx
+  from mlm_jax.config.defaults import default_config
+  from mlm_jax.evaluation import pll
+  from mlm_jax.model import sharding
+  pll.check_mlm_head(lm.model_config, lm.source)
+  mesh = sharding.make_mesh(default_config().mesh)
+  graphdef, params = nnx.split(lm.model, nnx.Param)
+  params = jax.device_put(params, sharding.replicated(mesh))
+  return pll.Scorer(graphdef, lm.tokenizer, row_len(lm.model_config), rows=PLL_ROWS, whole_word=whole_word,
+                    mesh=mesh), params
+
+
+def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str, log) -> dict:
+  """BLiMP's summary (evaluation/zeroshot.py) plus `seconds`, computed once and kept in OUT/blimp."""
+  from mlm_jax.evaluation import zeroshot
+  where = blimp.folder(data)
+  paradigms = blimp.read(where, FAST_PAIRS if fast else 0)
+  done = os.path.join(out, "blimp", RESULT_FILE)
+  if os.path.exists(done):
+    with open(done, encoding="utf-8") as f:
+      result = json.load(f)
+    log(f"[downstream] blimp: done before, accuracy {100 * result['overall']:.1f} (skipped)")
+    return result
+  try:
+    lm = load_masked_lm(init_from, source, random_init)
+  except UserError as e:
+    raise UserError(f"blimp: {e}") from None
+  log(f"[downstream] blimp: started ({sum(len(p.good) for p in paradigms)} pairs, {len(paradigms)} paradigms)")
+  scorer, params = scorer_for(lm)
+  result = zeroshot.blimp(scorer, params, paradigms)
+  result.update(published=blimp.published(where), source=lm.source)
+  os.makedirs(os.path.dirname(done), exist_ok=True)
+  with open(done + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1, sort_keys=True)
+  os.replace(done + ".tmp", done)
+  log(f"[downstream] blimp: finished, accuracy {100 * result['overall']:.1f} ({result['seconds']:.0f} s)")
+  return result

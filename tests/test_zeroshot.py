@@ -1,0 +1,141 @@
+"""Zero-shot BLiMP: the reader on the real files; the suite on a few real pairs of 3 paradigms with a constant
+model (ties counted wrong), its table and JSON; one-line errors for bad input."""
+import gzip
+import json
+import os
+import pathlib
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from mlm_jax.errors import DataError, UserError
+from mlm_jax.tasks import blimp
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "round2"
+PARADIGMS = ("anaphor_gender_agreement", "adjunct_island", "regular_plural_subject_verb_agreement_1")
+PAIRS = 6
+
+
+@pytest.fixture(scope="module")
+def data(shared_data, tmp_path_factory):
+  """A data folder: the shared downstream/, and zeroshot/blimp with the first PAIRS lines of 3 paradigms."""
+  root = tmp_path_factory.mktemp("blimp_data")
+  where = root / blimp.FOLDER
+  where.mkdir(parents=True)
+  src = shared_data / blimp.FOLDER
+  for name in PARADIGMS:
+    with gzip.open(src / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+      lines = [next(f) for _ in range(PAIRS)]
+    with gzip.open(where / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
+      f.writelines(lines)
+  shutil.copy(src / blimp.PUBLISHED, where / blimp.PUBLISHED)
+  return root
+
+
+def test_reader_on_the_real_files(shared_data):
+  where = str(shared_data / blimp.FOLDER)
+  first = blimp.read(where, limit=100, paradigms=2)
+  assert [p.name for p in first] == ["adjunct_island", "anaphor_gender_agreement"]
+  assert all(len(p.good) == len(p.bad) == 100 for p in first) and first[0].phenomenon == "island_effects"
+  assert first[0].good[0] == "Who should Derek hug after shocking Richard?"
+  published = blimp.published(where)
+  assert published["5-gram"]["overall"] == pytest.approx(0.6124, abs=1e-4)
+  assert len([k for k in published["GPT-2"] if k in {p.name for p in first}]) == 2
+
+
+@pytest.fixture(scope="module")
+def constant_workdir(tmp_path_factory):
+  """A workdir of a 1-layer, 16-wide model with round 2's 400-piece tokenizer whose output is the same for
+  every input (head norm and decoder bias zero): every token's log p is -log V, so sentences of the same
+  length tie."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from mlm_jax.config.defaults import default_config
+  from mlm_jax.model.encoder import Encoder
+  from mlm_jax.workdir import checkpoints
+  wd = tmp_path_factory.mktemp("constant") / "run"
+  shutil.copytree(FIXTURE / "store" / "tokenizer", wd / "tokenizer")
+  c = default_config()
+  c.data.tokenizer = str(wd / "tokenizer" / "spm.model")
+  c.model.update(dict(vocab_size=400, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                      max_position_embeddings=130, type_vocab_size=1, position_offset=2))
+  model = Encoder(c.model, seed=0)
+  for param in (model.decoder_bias, model.head_norm.scale, model.head_norm.bias):
+    param[...] = jnp.zeros_like(param[...])
+  ckpt = checkpoints.Checkpointer(str(wd), async_save=False)
+  ckpt.save(1, {"params": nnx.state(model, nnx.Param)}, {})
+  ckpt.close()
+  (wd / "config.json").write_text(c.to_json_best_effort())
+  return str(wd)
+
+
+def _tie_free_accuracy(tok, paradigm) -> float:
+  """The accuracy of the constant model when ties are wrong: the good sentence must be the shorter."""
+  from mlm_jax.evaluation import pll
+  good, bad = pll.encode(tok, paradigm.good), pll.encode(tok, paradigm.bad)
+  assert any(len(g) == len(b) for g, b in zip(good, bad))   # ties occur
+  return float(np.mean([len(g) < len(b) for g, b in zip(good, bad)]))
+
+
+def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
+  """--tasks=blimp alone with a constant model: a pair is right only where the good sentence has fewer
+  tokens (ties wrong); the table shows the overall and the phenomena (3 here, 12 on all of BLiMP) beside the
+  paper's rows; the JSON holds every paradigm; a re-run reads the result back."""
+  from mlm_jax.evaluation import fill_mask, zeroshot
+  from mlm_jax.finetuning import suite
+  tok = fill_mask.from_workdir(constant_workdir).tokenizer
+  paradigms = blimp.read(str(data / blimp.FOLDER))
+  expected = {p.name: _tie_free_accuracy(tok, p) for p in paradigms}
+  out, lines = str(tmp_path / "suite"), []
+  summary = suite.run_suite(constant_workdir, out, tasks="blimp", fast=True, data=str(data), log=lines.append)
+  z = summary["zeroshot"]["blimp"]
+  assert z["paradigms"] == pytest.approx(expected) and z["overall"] == pytest.approx(np.mean(list(expected.values())))
+  assert z["pairs"] == 3 * PAIRS and set(z["phenomena"]) == {"anaphor_agreement", "island_effects",
+                                                            "subject_verb_agreement"}
+  assert summary["tasks"] == {} and summary["zeroshot_average"] == pytest.approx(100 * z["overall"])
+  assert list(zeroshot.pair_correct([1.0, 2.0, 3.0], [1.0, 1.0, 4.0])) == [False, True, False]
+  table = open(os.path.join(out, "downstream.txt")).read()
+  assert re.search(rf"^blimp +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +\(zero-shot, {3 * PAIRS} pairs\)$",
+                   table, re.M), table
+  assert re.search(r"^average \(zero-shot\) +\d+\.\d", table, re.M) and "average (fine-tuning)" not in table
+  assert re.search(r"^phenomenon +this model +5-gram +LSTM +Transformer-XL +GPT-2$", table, re.M)
+  assert re.search(rf"^island_effects +{100 * expected['adjunct_island']:.1f} +\d+\.\d", table, re.M)
+  assert re.search(r"^overall +\d+\.\d +61\.2 +69\.8 +69\.6 +83\.0$", table, re.M)
+  assert json.load(open(os.path.join(out, "downstream.json")))["zeroshot"]["blimp"]["paradigms"] == z["paradigms"]
+  lines.clear()
+  again = suite.run_suite(constant_workdir, out, tasks="blimp", fast=True, data=str(data), log=lines.append)
+  assert any("blimp: done before" in l for l in lines)
+  assert again["zeroshot"] == json.loads(json.dumps(summary))["zeroshot"]
+
+
+def test_bad_input_is_one_line(data, tmp_path, shared_data):
+  from mlm_jax.finetuning import zeroshot_suite
+  with pytest.raises(DataError, match=r"zeroshot/blimp: no such folder"):
+    blimp.read(str(tmp_path / "zeroshot" / "blimp"))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(DataError, match=r"empty: no \*\.jsonl\.gz paradigm files"):
+    blimp.read(str(tmp_path / "empty"))
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  with gzip.open(bad / "x.jsonl.gz", "wt") as f:
+    f.write(json.dumps(dict(sentence_good="A b.", sentence_bad="B a.", linguistics_term="t", UID="x")) + "\n")
+    f.write('{"sentence_good": "A b.", "sentence_bad": \n')
+  with pytest.raises(DataError, match=r"x\.jsonl\.gz:2: not a JSON object"):
+    blimp.read(str(bad))
+  with gzip.open(bad / "x.jsonl.gz", "wt") as f:
+    f.write(json.dumps(dict(sentence_good="A b.", linguistics_term="t", UID="x")) + "\n")
+  with pytest.raises(DataError, match=r"x\.jsonl\.gz:1: expected a JSON object with non-empty strings"):
+    blimp.read(str(bad))
+  # A transformers folder without an MLM head (a BertModel, as sentence-transformers saves): an error, not a
+  # score. all-MiniLM-L6-v2's tokenizer files and a tiny random BertModel.
+  transformers = pytest.importorskip("transformers")
+  base = tmp_path / "base_model"
+  transformers.BertModel(transformers.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1,
+                                                 num_attention_heads=2, intermediate_size=32)).save_pretrained(base)
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    shutil.copy(shared_data / "models" / "all-MiniLM-L6-v2" / name, base / name)
+  with pytest.raises(UserError, match=r"^blimp: .*base_model has no MLM head"):
+    zeroshot_suite.run_blimp(init_from=str(base), source=str(base), out=str(tmp_path / "o"), fast=True,
+                             random_init=False, data=str(data), log=print)
