@@ -16,7 +16,9 @@ hidden on 64-token sequences, without dropout (a short run on little data).
 from mlm_jax.config.defaults import default_config
 
 
-def get_config():
+def get_config(variant=""):
+  if variant not in ("", "phases"):
+    raise ValueError(f"configs/demo.py:{variant}: expected no variant or 'phases'")
   c = default_config()
   c.seed = 0
   c.demo_corpus = True
@@ -35,4 +37,20 @@ def get_config():
                           weight_decay=0.01))
   c.train.update(dict(steps=800, batch_size=32, log_every=50, eval_every=100, eval_batches=8,
                       eval_at_start=True, save_every=200))
+  if variant == "phases":
+    _phases(c)
   return c
+
+
+def _phases(c):
+  """pretrain on 32-token rows, extend to 64 with a higher RoPE theta, decay on the language reference."""
+  c.model.update(dict(positions="rotary", max_position_embeddings=64, position_offset=0))
+  c.data.seq_len = 32
+  c.optimizer.update(dict(schedule="constant", warmup_steps=50))
+  c.train.update(dict(eval_every=200, save_every=100))
+  c.phases = (
+      {"name": "pretrain", "end_step": 400},
+      {"name": "extend", "end_step": 700, "data.seq_len": 64, "model.rope_theta": 40_000.0},
+      {"name": "decay", "end_step": 800, "data.sources": ("topics={workdir}/demo_corpus/topics/*.txt",),
+       "optimizer.schedule": "linear", "optimizer.warmup_steps": 0},
+  )

@@ -9,7 +9,10 @@ import ml_collections
 def loop_defaults() -> ml_collections.ConfigDict:
   """The `train` section: what the one loop (mlm_jax/training/loop.py) reads, for pretraining and fine-tuning."""
   t = ml_collections.ConfigDict()
-  t.steps = 1000
+  t.steps = 1000                 # with config.phases: the last phase's end (set from the phases)
+  # > 0: stop after this step (saved, as at the end), leaving the schedule as train.steps (or the phases)
+  # make it: train a stable phase once, then branch decays from its checkpoints (docs/phases.md).
+  t.stop_at_step = 0
   t.batch_size = 32              # global, in sequences
   # Cadences in steps; 0 = never, except at the last step (a run always logs, evaluates and saves it).
   t.log_every = 50
@@ -230,7 +233,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.init_from = ""
   # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
   c.demo_corpus = False
-
+  # Phases of one run (mlm_jax/config/phases.py, docs/phases.md): dicts of a name, end_step or
+  # end_tokens, and "section.field" overrides (seq_len, batch size, RoPE theta, masking, data, LR).
+  c.phases = ()
 
   c.tokenizer = tokenizer_defaults()   # used when data.tokenizer is ''
   c.model = model_defaults()

@@ -73,11 +73,36 @@ class Loop:
   flops_per_token: float
   best_metric: str = ""                  # e.g. "eval_accuracy": keep the best parameters in WORKDIR/best
   probe: Evaluator | None = None         # (params, step) -> {"probe/...": float}, every train.probe_every steps
+  # A run in phases (training/phase_runner.PhaseSet): the trainer, input and evaluators above are then
+  # each phase's, set when it begins; `trainer` is phase 0's until then.
+  phases: Any = None
   preempted: bool = False                # after run(): whether SIGTERM ended it
+  _phase: Any = None                     # the current phase's PhaseParts
 
   @property
   def train_config(self) -> ml_collections.ConfigDict:
     return self.trainer.config.train
+
+  @property
+  def end_step(self) -> int:
+    """Where this run stops: train.stop_at_step when set (and before the end), else train.steps."""
+    t = self.train_config
+    stop = int(t.get("stop_at_step", 0) or 0)
+    return min(stop, int(t.steps)) if stop > 0 else int(t.steps)
+
+  @property
+  def phase_name(self) -> str:
+    return self._phase.name if self._phase is not None else ""
+
+  def _enter_phase(self, k: int, saved: dict | None) -> None:
+    """Phase k's trainer, input and evaluators; its input continues from `saved` when that is its own."""
+    p = self._phase = self.phases.enter(k)
+    self.trainer, self.input, self.evaluate, self.probe = p.trainer, p.input, p.evaluate, p.probe
+    self.tokens_per_example, self.flops_per_token = p.tokens_per_example, p.flops_per_token
+    if saved is not None and saved.get("phase") == p.name:
+      self.input.set_state(saved)
+    elif saved is not None:
+      logging.info("phase %r begins after the restored step: its input starts at its beginning", p.name)
 
   def run(self) -> dict:
     """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
@@ -86,11 +111,12 @@ class Loop:
     checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
     self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
-    workdir_files.write_config(self.trainer.config, self.workdir)
+    workdir_files.write_config(self.phases.configs[-1] if self.phases is not None else self.trainer.config,
+                               self.workdir)   # a run in phases: the config its last phase trains
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = _Preemption(t.sigterm_timeout_s, checkpointer)
-    logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, t.steps,
+    logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, self.end_step,
                  t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
     gp.begin_steps(start, writer.max_step_before)
@@ -116,22 +142,29 @@ class Loop:
   def _start(self, checkpointer: checkpoints.Checkpointer):
     latest = checkpointer.latest_step()
     if latest is None:
-      return self.init_state()
+      state = self.init_state()
+      if self.phases is not None:
+        self._enter_phase(self.phases.index_at(0), None)
+      return state
     abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     with self._goodput.phase("restore"):
       state, saved = checkpointer.restore(latest, abstract)
-    self.input.set_state(saved)
+    if self.phases is not None:
+      self._enter_phase(self.phases.index_at(latest), saved)
+    else:
+      self.input.set_state(saved)
     if self._best is not None:
       self._best.set_state(saved)
     logging.info("resuming from step %d", latest)
     return state
 
   def _saved_state(self) -> dict:
-    return {**self.input.get_state(), **(self._best.get_state() if self._best is not None else {})}
+    phase = {"phase": self.phase_name} if self._phase is not None else {}
+    return {**self.input.get_state(), **phase, **(self._best.get_state() if self._best is not None else {})}
 
   def _eval(self, state, step: int, writer: MetricsWriter) -> dict:
     ev = self.evaluate(state.params, step)
-    writer.write(dict(step=step, **ev))
+    writer.write(dict(step=step, **ev, **({"phase": self.phase_name} if self._phase is not None else {})))
     logging.info("step %d  eval %s", step, "  ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
     if self._best is not None:
       self._best.update(state, step, ev)
@@ -155,7 +188,11 @@ class Loop:
     log = _Interval(self, start)
     last, step, m = {}, start, None
     prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
-    while step < t.steps:
+    end = self.end_step
+    while step < end:
+      if self._phase is not None and step >= self._phase.end:   # a boundary: the next phase's step and input
+        self._enter_phase(self.phases.index_at(step), None)
+        log.restart()
       watch.phase = "input"
       prof.begin(step)
       t0 = time.perf_counter()
@@ -166,27 +203,28 @@ class Loop:
       gp.seconds["input"] += t1 - t0
       watch.phase = "step"
       state, m = trainer.train_step(state, batch, key)
-      if step == start:   # this process's first step: tracing and compiling it
+      if step == start or (self._phase is not None and step == self._phase.phase.start):   # compiling it
         gp.seconds["compile"] += time.perf_counter() - t1
       log.add(m)
       step += 1
       gp.step = step
       prof.end(step, state)
-      final = step == t.steps or watch.preempted
-      if _every(step, t.log_every) or final:
+      final = step == end or watch.preempted
+      boundary = self._phase is not None and step == self._phase.end   # rates of a phase are its own
+      if _every(step, t.log_every) or final or boundary:
         last = log.flush(step, writer)
         gp.mark(step)
-      if self.evaluate is not None and (_every(step, t.eval_every) or step == t.steps) and not watch.preempted:
+      if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not watch.preempted:
         watch.phase = "input"
         with gp.phase("eval"):
           last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
-      if self.probe is not None and (_every(step, t.probe_every) or step == t.steps) and not watch.preempted:
+      if self.probe is not None and (_every(step, t.probe_every) or step == end) and not watch.preempted:
         watch.phase = "input"
         with gp.phase("probe"):
           last.update(self._probe(state, step, writer))
         log.restart()
-      if _every(step, t.save_every) or step == t.steps or watch.preempted:   # SIGTERM may come during eval
+      if _every(step, t.save_every) or step == end or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"
         with gp.phase("save"):
           self._save(checkpointer, state, m, step)
@@ -246,10 +284,13 @@ class _Interval:
                 mfu=flops.mfu(real_tokens_per_sec, loop.flops_per_token, self.peak),
                 input_wait_fraction=min(self.input_seconds / seconds, 1.0), goodput=loop._goodput.fraction(),
                 skipped_nonfinite=int(round(since - float(host["finite"]))))
-    eta = (t.steps - step) * (now - self.t_start) / max(step - self.start, 1)
+    if loop.phase_name:
+      line["phase"] = loop.phase_name
+    end = loop.end_step
+    eta = (end - step) * (now - self.t_start) / max(step - self.start, 1)
     writer.write(line)
-    logging.info("step %d/%d  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
-                 t.steps, loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
+    logging.info("step %d/%d%s  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
+                 end, f" [{loop.phase_name}]" if loop.phase_name else "", loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
                  100 * line["real_fraction"], 100 * line["mfu"],
                  100 * line["input_wait_fraction"], time.strftime("%H:%M:%S", time.gmtime(eta)))
     self._check_finite(line, step)

@@ -13,7 +13,7 @@ import ml_collections
 from absl import logging
 
 from mlm_jax import paths
-from mlm_jax.config import choices, curricula
+from mlm_jax.config import choices, curricula, phases as phases_lib
 from mlm_jax.data import specs
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import ConfigError
@@ -31,6 +31,8 @@ class Resolved:
   tokenizer: Any                  # data/tokenizers' Tokenizer; None when compiling without one
   objective: type | None          # the pretraining objective's class; None for fine-tuning (its head is the task's)
   notes: tuple = ()               # what was assumed (resolve_for_compile)
+  phases: tuple = ()              # config.phases parsed (config/phases.Phase); () for a run without
+  phase_configs: tuple = ()       # each phase's resolved config; `config` is the last one's
 
 
 def freeze(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
@@ -159,6 +161,7 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
   """
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
+  phases = phases_lib.parse(config)   # and a bad phase
   objective = registry.load(config.objective)
   _substitute_workdir(config, workdir)
   if config.init_from:
@@ -168,10 +171,34 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
     provision.write_demo_corpus(workdir)
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
+  if phases:
+    configs = resolve_phases(config, phases, jax.default_backend(), objective, workdir)
+    return Resolved(configs[-1], tok, objective, phases=tuple(phases), phase_configs=configs)
   objective.bind(config)
   bind_platform(config, jax.default_backend(), objective)
   check(config, objective)
   return Resolved(freeze(config), tok, objective)
+
+
+def resolve_phases(config: ml_collections.ConfigDict, phases: list, platform: str, objective: type,
+                   workdir: str = "") -> tuple:
+  """Each phase's config, bound and checked like a run's (its own attention kernel and prediction
+  slots); all of them carry the run's length (the last phase's end) and the recorded phases."""
+  out = []
+  for k, phase in enumerate(phases):
+    c = phases_lib.config_of(config, phases, k)
+    c.train.steps = phases[-1].end
+    c.phases = phases_lib.recorded(phases)
+    if workdir:
+      _substitute_workdir(c, workdir)
+    objective.bind(c)
+    try:
+      bind_platform(c, platform, objective)
+      check(c, objective)
+    except ConfigError as e:
+      raise ConfigError(f"phase {phase.name!r}: {e}") from None
+    out.append(freeze(c))
+  return tuple(out)
 
 
 def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu") -> Resolved:

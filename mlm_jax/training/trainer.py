@@ -71,14 +71,15 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
 
 
 def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, objective: Objective, *,
-                 make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
+                 make_model: Callable[[], nnx.Module] | None = None, schedule: Callable | None = None) -> Trainer:
   """Init, shardings and the jitted steps for an objective (an instance: `Resolved.objective(config)`,
-  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model)."""
+  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model).
+  `schedule`: the learning rate by step, for a run in phases (one schedule over all of them)."""
   make_model = make_model or (lambda: objective.make_model(config))
   accum = int(config.optimizer.grad_accum_steps)
   total_steps = int(config.train.steps)
-  tx = optim.make_optimizer(config.optimizer, total_steps)
-  schedule = optim.make_schedule(config.optimizer, total_steps)
+  schedule = schedule or optim.make_schedule(config.optimizer, total_steps)
+  tx = optim.make_optimizer(config.optimizer, total_steps, schedule)
   graphdef, _ = nnx.split(nnx.eval_shape(make_model), nnx.Param)
 
   def init_fn():
