@@ -46,6 +46,8 @@ def _entries(config) -> list[dict]:
   out = []
   for i, p in enumerate(config.get("phases", ()) or ()):
     p = p.to_dict() if isinstance(p, ml_collections.ConfigDict) else p
+    if isinstance(p, (tuple, list)) and all(isinstance(kv, (tuple, list)) and len(kv) == 2 for kv in p):
+      p = {k: v for k, v in p}   # the recorded form (config.json, frozen configs)
     if not isinstance(p, dict):
       raise ConfigError(f"phases[{i}]={p!r}: expected a dict with name, end_step or end_tokens, and overrides")
     out.append(dict(p))
@@ -133,5 +135,7 @@ def index_at(phases: list[Phase], step: int) -> int:
 
 
 def recorded(phases: list[Phase]) -> tuple:
-  """The phases as config.json records them: each with its start and end step."""
-  return tuple(dict(name=p.name, start_step=p.start, end_step=p.end, **p.overrides) for p in phases)
+  """The phases as a resolved config (and config.json) records them: each a tuple of (key, value)
+  pairs (a frozen config holds no dicts in tuples), with its start and end step."""
+  return tuple((("name", p.name), ("start_step", p.start), ("end_step", p.end), *p.overrides.items())
+               for p in phases)

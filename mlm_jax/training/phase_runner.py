@@ -63,10 +63,11 @@ class PhaseSet:
 
   def __init__(self, phases: list, configs: list, mesh, objective_cls, make_io: Callable):
     self.phases, self.configs, self.mesh, self.objective_cls, self.make_io = phases, configs, mesh, objective_cls, make_io
-    run = configs[-1]
+    # The phases that follow the run's schedule are those before any phase sets its own: phase 0's
+    # optimizer is then the run's.
     segments = [(p.start, p.end, c.optimizer if _has_own_schedule(phases, p.index) else None)
                 for p, c in zip(phases, configs)]
-    self.schedule = optim.phased_schedule(run.optimizer, segments, phases[-1].end)
+    self.schedule = optim.phased_schedule(configs[0].optimizer, segments, phases[-1].end)
     self._trainers: dict[str, Any] = {}
 
   def trainer(self, k: int):
