@@ -44,7 +44,10 @@ def get_config(variant=""):
 
 def _phases(c):
   """pretrain on 32-token rows, extend to 64 with a higher RoPE theta, decay on the language reference."""
-  c.model.update(dict(positions="rotary", max_position_embeddings=64, position_offset=0))
+  # ModernBERT's layout (rotary positions, which any sequence length can use; to_hf writes ModernBertForMaskedLM)
+  c.model.update(dict(positions="rotary", max_position_embeddings=64, position_offset=0, type_vocab_size=0,
+                      norm="pre", mlp="geglu", embedding_norm=True, first_layer_attention_norm=False,
+                      attention_bias=False, mlp_bias=False, norm_bias=False, head_bias=False))
   c.data.seq_len = 32
   c.optimizer.update(dict(schedule="constant", warmup_steps=50))
   c.train.update(dict(eval_every=200, save_every=100))

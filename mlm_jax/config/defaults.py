@@ -231,6 +231,9 @@ def default_config() -> ml_collections.ConfigDict:
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
   # parameters start from there, the optimizer and data stream start fresh.
   c.init_from = ""
+  # WORKDIR:STEP of another run: start from that checkpoint's whole state (parameters, optimizer, data
+  # position, phase), then train under this config (mlm_jax/workdir/branch.py); the source is only read.
+  c.branch_from = ""
   # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
   c.demo_corpus = False
   # Phases of one run (mlm_jax/config/phases.py, docs/phases.md): dicts of a name, end_step or

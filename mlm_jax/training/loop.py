@@ -22,7 +22,7 @@ from absl import logging
 from mlm_jax.errors import ConfigError, UserError
 from mlm_jax.model import flops, sharding
 from mlm_jax.training import profiling
-from mlm_jax.workdir import checkpoints, files as workdir_files, goodput
+from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
 
@@ -141,6 +141,10 @@ class Loop:
 
   def _start(self, checkpointer: checkpoints.Checkpointer):
     latest = checkpointer.latest_step()
+    source = None
+    if latest is None and self.trainer.config.get("branch_from", ""):   # a branch's first start
+      workdir, latest = branch_lib.parse(self.trainer.config.branch_from)
+      source = checkpointer = checkpoints.Checkpointer(workdir, read_only=True)
     if latest is None:
       state = self.init_state()
       if self.phases is not None:
@@ -148,14 +152,21 @@ class Loop:
       return state
     abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     with self._goodput.phase("restore"):
-      state, saved = checkpointer.restore(latest, abstract)
+      try:
+        state, saved = checkpointer.restore(latest, abstract)
+      finally:
+        if source is not None:
+          source.close()
     if self.phases is not None:
       self._enter_phase(self.phases.index_at(latest), saved)
     else:
       self.input.set_state(saved)
     if self._best is not None:
       self._best.set_state(saved)
-    logging.info("resuming from step %d", latest)
+    if source is not None:
+      logging.info("branching from %s (step %d of that run)", self.trainer.config.branch_from, latest)
+    else:
+      logging.info("resuming from step %d", latest)
     return state
 
   def _saved_state(self) -> dict:

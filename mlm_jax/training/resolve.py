@@ -166,6 +166,12 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
   _substitute_workdir(config, workdir)
   if config.init_from:
     bind_init_from(config, workdir, overrides)
+  if config.get("branch_from"):
+    if config.init_from:
+      raise ConfigError("branch_from and init_from: give one (branch_from takes the whole state, init_from the weights)")
+    from mlm_jax.workdir import branch
+    source, step = branch.check(config.branch_from, workdir)
+    config.branch_from = f"{source}:{step}"
   objective.check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
   if config.demo_corpus:
     provision.write_demo_corpus(workdir)

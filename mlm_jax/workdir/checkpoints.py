@@ -59,10 +59,11 @@ def check_shapes(meta: Any, abstract: Any, where: str, hint: str = "a checkpoint
 class Checkpointer:
   """Save / restore TrainState + data-iterator state; `keep` most recent checkpoints are kept."""
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    """`read_only`: another run's checkpoints (a branch's source), never written or pruned."""
     self.directory = os.path.join(paths.absolute(workdir), "checkpoints")
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    options = (ocp.CheckpointManagerOptions(create=False, read_only=True) if read_only else
+               ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save))
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
 
   def latest_step(self) -> int | None:
