@@ -188,8 +188,8 @@ class Loop:
     return result
 
   def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
-    t, trainer, gp = self.train_config, self.trainer, self._goodput
-    key = jax.random.key(trainer.config.seed)
+    t, gp = self.train_config, self._goodput   # self.trainer: the current phase's
+    key = jax.random.key(self.trainer.config.seed)
     if self.evaluate is not None and t.eval_at_start and start == 0:
       with gp.phase("eval"):
         self._eval(state, 0, writer)
@@ -207,13 +207,13 @@ class Loop:
       watch.phase = "input"
       prof.begin(step)
       t0 = time.perf_counter()
-      batch = sharding.global_batch(self.input.batch(step), trainer.batch_sharding)
+      batch = sharding.global_batch(self.input.batch(step), self.trainer.batch_sharding)
       t1 = time.perf_counter()
       prof.input_done()
       log.input_seconds += t1 - t0
       gp.seconds["input"] += t1 - t0
       watch.phase = "step"
-      state, m = trainer.train_step(state, batch, key)
+      state, m = self.trainer.train_step(state, batch, key)
       if step == start or (self._phase is not None and step == self._phase.phase.start):   # compiling it
         gp.seconds["compile"] += time.perf_counter() - t1
       log.add(m)
