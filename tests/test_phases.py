@@ -6,6 +6,7 @@ losses of the uninterrupted run, on the streaming text path and on token stores.
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,19 +98,33 @@ def sources(corpus_and_tokenizer, tmp_path_factory):
               spm=spm)
 
 
-@pytest.mark.parametrize("path", ["text", "store"])
-def test_phases_resume_exactly_after_kill_9(sources, tmp_path, path):
+def _straight(sources, path, workdir):
+  """The uninterrupted run to STOP (checkpoints 5, 10 and 12)."""
   source, decay, spm = *sources[path], sources["spm"]
-  straight, killed = tmp_path / "straight", tmp_path / "killed"
-  p = _run(_cmd(straight, source, decay, spm, f"--config.train.stop_at_step={STOP}"))
+  p = _run(_cmd(workdir, source, decay, spm, f"--config.train.stop_at_step={STOP}"))
   assert p.returncode == 0, p.stderr[-3000:]
-  ref = _losses(straight)
+  ref = _losses(workdir)
   assert sorted(ref) == list(range(1, STOP + 1))
   assert [ref[s][1] for s in (4, 5, 8, 9)] == ["short", "long", "long", "decay"]
   assert "phase 2/3 'long': steps 4..8, global batch 8 x 64 tokens" in p.stderr
   assert "step 9/12 [decay]" in p.stderr
-  recorded = json.load(open(straight / "config.json"))
+  recorded = json.load(open(workdir / "config.json"))
   assert [dict(x)["end_step"] for x in recorded["phases"]] == [4, 8, 400] and recorded["data"]["seq_len"] == 64
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def text_run(sources, tmp_path_factory):
+  """The uninterrupted text-path run: the reference of the kill, branch and merge tests."""
+  return _straight(sources, "text", tmp_path_factory.mktemp("phases_text") / "straight")
+
+
+@pytest.mark.parametrize("path", ["text", "store"])
+def test_phases_resume_exactly_after_kill_9(sources, tmp_path, path, request):
+  source, decay, spm = *sources[path], sources["spm"]
+  straight = request.getfixturevalue("text_run") if path == "text" else _straight(sources, path, tmp_path / "straight")
+  killed = tmp_path / "killed"
+  ref = _losses(straight)
 
   # kill -9 inside phase 2 (checkpoint 5 is phase 2's), then again right after the boundary at 8
   # (the newest checkpoint is still 5: the rerun replays phase 2's end and enters phase 3 again).
@@ -166,3 +181,73 @@ def test_a_refused_phased_run_changes_nothing(tmp_path, corpus_and_tokenizer):
   errors = [l for l in p.stderr.splitlines() if l.startswith("error: ")]
   assert len(errors) == 1 and "model.hidden_size cannot change mid-run" in errors[0], p.stderr[-2000:]
   assert sorted(os.listdir(wd)) == ["keep.txt"]
+
+
+def _tree(workdir):
+  return {os.path.relpath(os.path.join(d, f), workdir): os.stat(os.path.join(d, f)).st_mtime_ns
+          for d, _, fs in os.walk(workdir) for f in fs}
+
+
+def test_branch_continues_exactly_and_a_decay_branch_trains(sources, text_run, tmp_path):
+  """A branch from step 5 with no overrides gives the source's losses after 5; a branch from step 10
+  that ends the decay phase at 14 decays there; a step without a checkpoint is one line; the source
+  is never written."""
+  source, decay, spm = *sources["text"], sources["spm"]
+  before = _tree(text_run)
+  same = tmp_path / "same"
+  p = _run(_cmd(same, source, decay, spm, f"--config.branch_from={text_run}:5", f"--config.train.stop_at_step={STOP}"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"branching from {text_run}:5" in p.stderr
+  ref, got = _losses(text_run), _losses(same)
+  assert sorted(got) == list(range(6, STOP + 1))
+  for s in got:
+    assert got[s][1] == ref[s][1] and abs(got[s][0] - ref[s][0]) <= 1e-6, (s, got[s], ref[s])
+
+  short = _cmd(tmp_path / "decay", source, decay, spm, f"--config.branch_from={text_run}:10")
+  short = [a.replace("'end_step':400", "'end_step':14") for a in short]
+  p = _run(short)
+  assert p.returncode == 0, p.stderr[-3000:]
+  lines = [d for d in _lines(tmp_path / "decay") if "loss" in d]
+  assert [d["step"] for d in lines] == [11, 12, 13, 14]
+  assert lines[-1]["learning_rate"] < 0.25 * 1e-3 and all(0 < d["loss"] < 7.5 for d in lines)
+
+  missing = tmp_path / "missing"
+  p = _run(_cmd(missing, source, decay, spm, f"--config.branch_from={text_run}:7"))
+  assert p.returncode == 1
+  errors = [l for l in p.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and "no checkpoint for step 7" in errors[0] and "have 5, 10, 12" in errors[0], p.stderr[-2000:]
+  assert not os.path.exists(missing / "checkpoints")
+  assert _tree(text_run) == before
+
+
+def test_merge_is_the_mean_and_exports_to_transformers(text_run, tmp_path):
+  import numpy as np
+  import jax
+  from mlm_jax.workdir import files, merge
+  out = tmp_path / "merged"
+  p = _run([sys.executable, "tools/merge_checkpoints.py", f"--workdir={text_run}", "--steps=10,12", f"--out={out}"])
+  assert p.returncode == 0, p.stderr[-3000:]
+  config = files.read_config(str(text_run))
+  a, b, m = (merge._params(str(w), config, s) for w, s in ((text_run, 10), (text_run, 12), (out, 12)))
+  for x, y, z in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(m)):
+    np.testing.assert_allclose(np.asarray(z), (np.asarray(x, np.float64) + np.asarray(y, np.float64)) / 2, rtol=1e-6)
+  hf = tmp_path / "hf"
+  p = _run([sys.executable, "tools/convert_checkpoint.py", "to_hf", f"--workdir={out}", f"--out={hf}"])
+  assert p.returncode == 0, p.stderr[-3000:]
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  model = transformers.AutoModelForMaskedLM.from_pretrained(str(hf))
+  assert type(model).__name__ == "ModernBertForMaskedLM"
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor([[0, 10, 20, 30, 2]])).logits
+  assert torch.isfinite(logits).all()
+
+  other = tmp_path / "other"
+  shutil.copytree(text_run, other)
+  raw = json.load(open(other / "config.json"))
+  raw["model"]["num_heads"] = 4
+  json.dump(raw, open(other / "config.json", "w"))
+  p = _run([sys.executable, "tools/merge_checkpoints.py", f"{text_run}:12", f"{other}:12", f"--out={tmp_path / 'bad'}"])
+  assert p.returncode == 2
+  assert "model.num_heads=4 vs 2" in p.stderr.strip().splitlines()[-1], p.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "bad")
