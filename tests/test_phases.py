@@ -164,7 +164,12 @@ def test_phase_ends_in_tokens_follow_each_phase_batch():
   config.phases = ({"name": "a", "end_tokens": 32 * 32 * 10},                      # 10 steps of 32 x 32
                    {"name": "b", "end_tokens": 32 * 32 * 10 + 16 * 64 * 5 + 1,     # 5 steps of 16 x 64, and one more
                     "data.seq_len": 64, "train.batch_size": 16})
-  assert [(p.start, p.end) for p in phases_lib.parse(config)] == [(0, 10), (10, 16)]
+  parsed = phases_lib.parse(config)
+  assert [(p.start, p.end) for p in parsed] == [(0, 10), (10, 16)]
+  # a warmup and a WSD decay given in tokens land on the steps that train them
+  config.optimizer.update(dict(schedule="wsd", warmup_tokens=32 * 32 * 10 + 16 * 64 * 2, decay_tokens=16 * 64 * 4))
+  phases_lib.bind_token_lengths(config, parsed)
+  assert config.optimizer.warmup_steps == 12 and config.optimizer.decay_fraction == pytest.approx(4 / 16)
 
 
 def test_a_refused_phased_run_changes_nothing(tmp_path, corpus_and_tokenizer):

@@ -126,6 +126,10 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   o.end_lr_ratio = 0.0
   o.decay_fraction = 0.1         # wsd: the last fraction of train.steps decays (before it: the peak)
   o.decay_shape = "1-sqrt"       # wsd: linear | cosine | 1-sqrt
+  # In tokens, as papers give them (> 0 replaces warmup_steps / decay_fraction; counted over the
+  # phases' own batch sizes and sequence lengths): e.g. ModernBERT's 3B-token warmup.
+  o.warmup_tokens = 0
+  o.decay_tokens = 0             # wsd: the last this many tokens of the run decay
   o.b1 = 0.9
   o.b2 = 0.999
   o.eps = 1e-6

@@ -126,6 +126,42 @@ def parse(config: ml_collections.ConfigDict) -> list[Phase]:
   return phases
 
 
+def step_at_tokens(config: ml_collections.ConfigDict, phases: list[Phase], tokens: int) -> int:
+  """The first step by which the run has trained `tokens` token slots (batch x seq_len per step)."""
+  if not phases:
+    return math.ceil(tokens / (int(config.train.batch_size) * int(config.data.seq_len)))
+  done = 0
+  for p in phases:
+    c = config_of(config, phases, p.index)
+    per_step = int(c.train.batch_size) * int(c.data.seq_len)
+    if done + (p.end - p.start) * per_step >= tokens:
+      return p.start + math.ceil((tokens - done) / per_step)
+    done += (p.end - p.start) * per_step
+  return phases[-1].end
+
+
+def bind_token_lengths(config: ml_collections.ConfigDict, phases: list[Phase]) -> None:
+  """optimizer.warmup_tokens / decay_tokens -> warmup_steps / decay_fraction of the run (in place)."""
+  o = config.optimizer
+  total = phases[-1].end if phases else int(config.train.steps)
+  if int(o.get("warmup_tokens", 0)) > 0:
+    o.warmup_steps = step_at_tokens(config, phases, int(o.warmup_tokens))
+  if int(o.get("decay_tokens", 0)) > 0:
+    start = step_at_tokens(config, phases, tokens_of(config, phases, total) - int(o.decay_tokens))
+    o.decay_fraction = (total - start) / total
+
+
+def tokens_of(config: ml_collections.ConfigDict, phases: list[Phase], steps: int) -> int:
+  """Token slots of the run's first `steps` steps."""
+  if not phases:
+    return steps * int(config.train.batch_size) * int(config.data.seq_len)
+  out = 0
+  for p in phases:
+    c = config_of(config, phases, p.index)
+    out += max(0, min(steps, p.end) - p.start) * int(c.train.batch_size) * int(c.data.seq_len)
+  return out
+
+
 def index_at(phases: list[Phase], step: int) -> int:
   """The phase that trains step `step` (0-based: the step after `step` steps are done); the last after the end."""
   for p in phases:

@@ -162,6 +162,7 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
   phases = phases_lib.parse(config)   # and a bad phase
+  phases_lib.bind_token_lengths(config, phases)
   objective = registry.load(config.objective)
   _substitute_workdir(config, workdir)
   if config.init_from:
