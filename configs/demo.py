@@ -12,6 +12,11 @@ distribution is learned (~6.5 by step 100), then context. Checkpoints in WORKDIR
 metrics in WORKDIR/metrics.jsonl and WORKDIR/tensorboard.
 Recipe: RoBERTa (Liu et al., 2019, arXiv:1907.11692) dynamic masking, shrunk to 2 layers x 128
 hidden on 64-token sequences, without dropout (a short run on little data).
+
+`:phases` (docs/phases.md): the same size in ModernBERT's layout (rotary, pre-LN, GeGLU; to_hf writes
+ModernBertForMaskedLM) as one run in three phases: 400 steps at 32 tokens, 300 at 64 with RoPE theta
+40k, then a 100-step linear decay on the language reference part of the corpus alone
+(WORKDIR/demo_corpus/topics). Same hardware and runtime as above.
 """
 from mlm_jax.config.defaults import default_config
 
