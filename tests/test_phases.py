@@ -41,6 +41,7 @@ def _cmd(workdir, source: str, decay_source: str, spm: str, *more):
           "--config.train.log_every=1", "--config.train.eval_every=1000", "--config.train.eval_batches=1",
           "--config.train.eval_at_start=False", "--config.train.save_every=5",
           "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2",
+          "--config.train.ema_decay=0.9",   # the moving average is saved and restored with the state
           f"--config.phases={_phases(decay_source)}", *more]
 
 
@@ -137,6 +138,10 @@ def test_phases_resume_exactly_after_kill_9(sources, tmp_path, path, request):
   assert sorted(got) == list(range(1, STOP + 1))
   for s in range(1, STOP + 1):
     assert got[s][1] == ref[s][1] and abs(got[s][0] - ref[s][0]) <= 1e-6, (s, got[s], ref[s])
+  # the EMA's held-out loss at the end: restored with the state, it is the uninterrupted run's
+  ema = [[d for d in _lines(w) if "eval_ema_loss" in d and d["step"] == STOP][0] for w in (straight, killed)]
+  assert ema[0]["eval_ema_loss"] != ema[0]["eval_loss"]
+  assert abs(ema[1]["eval_ema_loss"] - ema[0]["eval_ema_loss"]) <= 1e-6, ema
 
 
 BAD = [
@@ -246,6 +251,14 @@ def test_merge_is_the_mean_and_exports_to_transformers(text_run, tmp_path):
   with torch.no_grad():
     logits = model(input_ids=torch.tensor([[0, 10, 20, 30, 2]])).logits
   assert torch.isfinite(logits).all()
+  # the EMA exports too, and is not the parameters
+  ema_hf = tmp_path / "ema_hf"
+  p = _run([sys.executable, "tools/convert_checkpoint.py", "to_hf", f"--workdir={text_run}", "--ema", f"--out={ema_hf}"])
+  assert p.returncode == 0, p.stderr[-3000:]
+  ema_model = transformers.AutoModelForMaskedLM.from_pretrained(str(ema_hf))
+  with torch.no_grad():
+    ema_logits = ema_model(input_ids=torch.tensor([[0, 10, 20, 30, 2]])).logits
+  assert torch.isfinite(ema_logits).all() and not torch.allclose(ema_logits, logits)
 
   other = tmp_path / "other"
   shutil.copytree(text_run, other)

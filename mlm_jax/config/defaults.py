@@ -26,6 +26,10 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t.probe_train_examples = 384
   t.probe_eval_examples = 256
   t.save_every = 500
+  # > 0: keep an exponential moving average of the parameters with this decay per step (in the train
+  # state, sharded like them, checkpointed); held-out metrics are also reported for it (eval_ema_*),
+  # and `convert_checkpoint.py to_hf --ema` exports it. 0 = off.
+  t.ema_decay = 0.0
   t.keep_checkpoints = 3
   t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error
   t.max_consecutive_nonfinite = 20   # skip mode gives up after this many non-finite steps in a row

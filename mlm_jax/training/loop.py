@@ -175,6 +175,8 @@ class Loop:
 
   def _eval(self, state, step: int, writer: MetricsWriter) -> dict:
     ev = self.evaluate(state.params, step)
+    if getattr(state, "ema", None) is not None:   # train.ema_decay: the average beside the raw weights
+      ev.update({f"eval_ema_{k[5:]}": v for k, v in self.evaluate(state.ema, step).items()})
     writer.write(dict(step=step, **ev, **({"phase": self.phase_name} if self._phase is not None else {})))
     logging.info("step %d  eval %s", step, "  ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
     if self._best is not None:
