@@ -12,11 +12,18 @@ distribution is learned (~6.5 by step 100), then context. Checkpoints in WORKDIR
 metrics in WORKDIR/metrics.jsonl and WORKDIR/tensorboard.
 Recipe: RoBERTa (Liu et al., 2019, arXiv:1907.11692) dynamic masking, shrunk to 2 layers x 128
 hidden on 64-token sequences, without dropout (a short run on little data).
+
+`:phases` (docs/phases.md): the same size in ModernBERT's layout (rotary, pre-LN, GeGLU; to_hf writes
+ModernBertForMaskedLM) as one run in three phases: 400 steps at 32 tokens, 300 at 64 with RoPE theta
+40k, then a 100-step linear decay on the language reference part of the corpus alone
+(WORKDIR/demo_corpus/topics). Same hardware and runtime as above.
 """
 from mlm_jax.config.defaults import default_config
 
 
-def get_config():
+def get_config(variant=""):
+  if variant not in ("", "phases"):
+    raise ValueError(f"configs/demo.py:{variant}: expected no variant or 'phases'")
   c = default_config()
   c.seed = 0
   c.demo_corpus = True
@@ -35,4 +42,23 @@ def get_config():
                           weight_decay=0.01))
   c.train.update(dict(steps=800, batch_size=32, log_every=50, eval_every=100, eval_batches=8,
                       eval_at_start=True, save_every=200))
+  if variant == "phases":
+    _phases(c)
   return c
+
+
+def _phases(c):
+  """pretrain on 32-token rows, extend to 64 with a higher RoPE theta, decay on the language reference."""
+  # ModernBERT's layout (rotary positions, which any sequence length can use; to_hf writes ModernBertForMaskedLM)
+  c.model.update(dict(positions="rotary", max_position_embeddings=64, position_offset=0, type_vocab_size=0,
+                      norm="pre", mlp="geglu", embedding_norm=True, first_layer_attention_norm=False,
+                      attention_bias=False, mlp_bias=False, norm_bias=False, head_bias=False))
+  c.data.seq_len = 32
+  c.optimizer.update(dict(schedule="constant", warmup_steps=50))
+  c.train.update(dict(eval_every=200, save_every=100))
+  c.phases = (
+      {"name": "pretrain", "end_step": 400},
+      {"name": "extend", "end_step": 700, "data.seq_len": 64, "model.rope_theta": 40_000.0},
+      {"name": "decay", "end_step": 800, "data.sources": ("topics={workdir}/demo_corpus/topics/*.txt",),
+       "optimizer.schedule": "linear", "optimizer.warmup_steps": 0},
+  )

@@ -8,6 +8,7 @@ mask rate 30% -> 15% -> 5%, language-sampling exponent 0.7 -> 0.5 -> 0.3, and la
   python tools/prepare_data.py --sources='en=corpus/en/gutenberg_nltk/*.txt.gz' ... (the 14 SOURCES) \
       --tokenizer=/tmp/mmbert_demo/spm.model --out=/tmp/mmbert_demo/store --num_workers=2 --eval_percent=1
   python -m mlm_jax.train --config=configs/mmbert_like.py:demo --workdir=/tmp/mmbert_demo/run
+  python -m mlm_jax.train --config=configs/mmbert_like.py:demo_phases --workdir=/tmp/mmbert_demo/phases   # as phases
   python -m mlm_jax.train --config=configs/mmbert_like.py --workdir=gs://BUCKET/mmbert_base   # full size
   # other store: --config.data.sources="('store:/data/store/mmbert',)"
 
@@ -24,8 +25,11 @@ Recipe: mmBERT's three phases (pretraining, mid-training, decay) run as one job,
 inverse-temperature exponents; its 60 -> 110 -> 1833 languages become 8 -> 11 -> 14 here (largest
 first: en de fr es it ru zh ja, then uk el vi, then bn hy mr). mmBERT's encoder is ModernBERT; this file
 keeps the post-LN XLM-R layout so that the result converts to transformers' XLMRobertaForMaskedLM.
-Differences: one learning-rate schedule across the phases (mmBERT re-warms and decays per phase), no
-model merging.
+`:phases` / `:demo_phases` run the same three phases as config.phases (docs/phases.md): each its own
+mask rate, alpha and languages, with a linear decay of the learning rate in the last (mmBERT's decay
+phase); merge its checkpoints with tools/merge_checkpoints.py.
+Differences: in `:demo` / `:base` one learning-rate schedule spans the phases (mmBERT re-warms and
+decays per phase).
 """
 from mlm_jax.config.defaults import default_config
 
@@ -47,6 +51,8 @@ ALPHAS = (0.7, 0.5, 0.3)
 
 def get_config(size="base"):
   size = size or "base"
+  phased = size.endswith("phases")   # `phases` (full size) or `demo_phases`: the same recipe as config.phases
+  size = {"phases": "base", "demo_phases": "demo"}.get(size, size)
   demo = size == "demo"
   c = default_config()
   steps = 300 if demo else 1_000_000
@@ -79,4 +85,24 @@ def get_config(size="base"):
                             weight_decay=0.01))
     c.train.update(dict(steps=steps, batch_size=4608, log_every=100, eval_every=10_000, save_every=5_000))
     c.mesh.update(dict(data=1, fsdp=-1, tensor=1))
+  if phased:
+    _phases(c, starts, steps)
   return c
+
+
+NEVER = 10**15   # a source start no phase reaches: the language waits for a later phase
+
+
+def _phases(c, starts, steps):
+  """The three phases as config.phases: each its own mask rate, alpha and languages, the last one
+  decaying the learning rate linearly to 0 (mmBERT's decay phase); eval at 15% masking is lost here
+  (each phase evaluates at its own rate)."""
+  c.masking.mask_rate_schedule, c.data.mix_alpha_schedule, c.data.source_start_steps = (), (), ()
+  later = [lang for stage in STAGES for lang in stage]
+  waiting = (later, list(STAGES[1]), [])
+  ends = (*starts[1:], steps)
+  c.phases = tuple(
+      {"name": name, "end_step": end, "masking.mask_rate": rate, "data.mix_alpha": alpha,
+       "data.source_start_steps": tuple(f"{lang}={NEVER}" for lang in wait),
+       **({"optimizer.schedule": "linear", "optimizer.warmup_steps": 0} if name == "decay" else {})}
+      for name, end, rate, alpha, wait in zip(("pretrain", "mid", "decay"), ends, MASK_RATES, ALPHAS, waiting))

@@ -1,16 +1,19 @@
 """ModernBERT-base (Warner et al., 2024, "Smarter, Better, Faster, Longer: A Modern Bidirectional Encoder for
-Fast, Memory Efficient, and Long Context Finetuning and Inference", arXiv:2412.13663), in its two phases:
-`phase=pretrain` (default; sequences of 1024) and `phase=extend` (the context extension to 8192).
+Fast, Memory Efficient, and Long Context Finetuning and Inference", arXiv:2412.13663) as one run in phases
+(default): a batch-size warmup, pretraining at 1024 tokens, the context extension to 8192 and the decay.
+`:pretrain` and `:extend` are those phases alone, as separate runs (the second with --config.init_from).
 
   python tools/train_tokenizer.py --input='/data/corpus/en/*.txt' --vocab_size=50368 --model_type=bpe --out=spm_bpe50k
-  # once per phase: a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
+  # once: a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
   python tools/prepare_data.py --sources='en=/data/corpus/en/*.txt' --tokenizer=spm_bpe50k.model \
       --out=/data/store/modernbert --num_workers=16 --eval_percent=0.1
-  python -m mlm_jax.train --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert_1k
-  python -m mlm_jax.train --config=configs/modernbert_base.py:extend --workdir=gs://BUCKET/modernbert_8k \
-      --config.init_from=gs://BUCKET/modernbert_1k
-  python tools/convert_checkpoint.py to_hf --workdir=gs://BUCKET/modernbert_8k --out=modernbert_hf   # ModernBertForMaskedLM
-  # will it fit: python tools/aot_compile.py --config=configs/modernbert_base.py:extend --topology=v5p:2x2x2
+  python -m mlm_jax.train --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert   # all phases
+  # a decay from any checkpoint of the stable part (docs/phases.md#branching):
+  python -m mlm_jax.train --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert_decay_at_300k \
+      --config.branch_from=gs://BUCKET/modernbert:300000
+  python tools/merge_checkpoints.py --workdir=gs://BUCKET/modernbert --last=3 --out=gs://BUCKET/modernbert_merged
+  python tools/convert_checkpoint.py to_hf --workdir=gs://BUCKET/modernbert_merged --out=modernbert_hf   # ModernBertForMaskedLM
+  # will it fit, phase by phase: python tools/aot_compile.py --config=configs/modernbert_base.py --topology=v5p:2x2x2
 
 Hardware: meant for a TPU v5p-64 or 32+ H100-class GPUs (4.7M-token batches; bf16 compute, fp32
 params, fsdp over the slice; fewer chips with optimizer.grad_accum_steps). The 8192-token phase
@@ -26,13 +29,15 @@ after layer 0 (7 groups), which is unrolled because it has no attention norm.
 Recipe: 30% masking (80-10-10), packed documents that do not attend to each other, StableAdamW with
 betas (0.9, 0.98), eps 1e-6, decoupled weight decay 1e-5, no gradient clipping. Here StableAdamW is
 its nearest optax equivalent (mlm_jax/training/optim.py, optimizer.update_clip_rms=1.0), not the same rule.
-The learning rate is trapezoidal, i.e. warmup-stable-decay across the two phases:
-- pretrain: 1.7T tokens at sequence 1024, batch 4608 (4.7M tokens, 360k steps), global and local
-  RoPE theta 10k, learning rate 8e-4 after a 3B-token warmup (636 steps), then constant (no decay).
-- extend (start from the pretrain workdir with --config.init_from): global theta raised to 160k,
-  sequences of 8192, 300B tokens (batch 576 x 8192, the same 4.7M tokens; 63.6k steps) at 3e-4:
-  constant for 250B tokens, then a 1-sqrt decay to 0 over the last 50B (decay_fraction 1/6).
-Not reproduced: the paper's batch-size warmup (over its first 50B tokens), its dropout of 0.1 on the
+The learning rate is trapezoidal, i.e. warmup-stable-decay across the phases (ends in tokens):
+- batch warmup: batches of 768, 1536 and 3072 x 1024 tokens up to 12.5B, 25B and 50B tokens (the paper
+  grows the batch from 768 to 4608 over its first 50B tokens; these three sizes are this file's choice).
+- pretrain: to 1.7T tokens at sequence 1024, batch 4608 (4.7M tokens), global and local RoPE theta 10k,
+  learning rate 8e-4 after a 3B-token warmup (optimizer.warmup_tokens), then constant.
+- extend: global theta raised to 160k, sequences of 8192, batch 576 (the same 4.7M tokens), 250B
+  tokens at a constant 3e-4.
+- decay: the last 50B tokens, 3e-4 to 0 with a 1-sqrt shape (the paper's decay phase).
+Not reproduced: its dropout of 0.1 on the
 attention output only (our dropouts are on every residual branch or on the attention probabilities,
 which would rule out splash attention: dropout is 0 here), and its data (a 2T-token mix of web, code
 and scientific text) and tokenizer (OLMo's BPE; a sentencepiece BPE of the same size here).
@@ -44,10 +49,10 @@ from mlm_jax.config.defaults import default_config
 TOKENS_PER_BATCH = 4608 * 1024
 
 
-def get_config(phase="pretrain"):
-  phase = phase or "pretrain"
-  if phase not in ("pretrain", "extend"):
-    raise ValueError(f"configs/modernbert_base.py:{phase}: expected pretrain or extend")
+def get_config(phase=""):
+  phase = phase or ""
+  if phase not in ("", "pretrain", "extend"):
+    raise ValueError(f"configs/modernbert_base.py:{phase}: expected no variant (all phases), pretrain or extend")
   extend = phase == "extend"
   seq_len = 8192 if extend else 1024
   c = default_config()
@@ -71,4 +76,24 @@ def get_config(phase="pretrain"):
   c.train.update(dict(steps=63_600 if extend else 360_000, batch_size=batch, log_every=100,
                       eval_every=5_000, save_every=2_000))
   c.mesh.update(dict(data=1, fsdp=-1, tensor=1))
+  if not phase:
+    _phases(c)
   return c
+
+
+def _phases(c):
+  """One run: batch warmup, pretrain, extend, decay (the pretrain config above is its start)."""
+  c.optimizer.update(dict(schedule="constant", warmup_steps=0, warmup_tokens=3_000_000_000))
+  c.train.save_every = 2_000
+  B = 1_000_000_000
+  lr_extend = dict(**{"optimizer.learning_rate": 3e-4, "optimizer.schedule": "constant", "optimizer.warmup_steps": 0})
+  c.phases = (
+      {"name": "batch768", "end_tokens": 12 * B + B // 2, "train.batch_size": 768},
+      {"name": "batch1536", "end_tokens": 25 * B, "train.batch_size": 1536},
+      {"name": "batch3072", "end_tokens": 50 * B, "train.batch_size": 3072},
+      {"name": "pretrain", "end_tokens": 1_700 * B, "train.batch_size": 4608},
+      {"name": "extend", "end_tokens": 1_950 * B, "data.seq_len": 8192, "train.batch_size": 576,
+       "model.rope_theta": 160_000.0, **lr_extend},
+      {"name": "decay", "end_tokens": 2_000 * B, "optimizer.schedule": "wsd", "optimizer.decay_fraction": 1.0,
+       "optimizer.decay_shape": "1-sqrt"},
+  )

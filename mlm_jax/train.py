@@ -15,7 +15,7 @@ from mlm_jax import runtime
 from mlm_jax.data import inputs
 from mlm_jax.evaluation import heldout, probe
 from mlm_jax.model import sharding
-from mlm_jax.training import loop, resolve, trainer as trainer_lib
+from mlm_jax.training import loop, phase_runner, resolve, trainer as trainer_lib
 from mlm_jax.workdir import files as workdir_files, lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
@@ -28,10 +28,26 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (with
 _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 60, "A process silent this long fails the job.")
 
 
-def host_input(run: resolve.Resolved, split: str, workdir: str):
-  """This process's rows of each global batch of `split`, of the input the objective needs."""
-  return inputs.make_input(run.config, run.objective.input_kind, run.tokenizer, split,
+def host_input(run: resolve.Resolved, split: str, workdir: str, config=None):
+  """This process's rows of each global batch of `split`, of the input the objective needs (of `config`,
+  a phase's input config, when given)."""
+  return inputs.make_input(config or run.config, run.objective.input_kind, run.tokenizer, split,
                            process_index=jax.process_index(), process_count=jax.process_count(), workdir=workdir)
+
+
+def _phased_loop(run: resolve.Resolved, workdir: str) -> loop.Loop:
+  """The loop of a run in phases: each phase's trainer, input and evaluators are made as it begins."""
+
+  def make_io(config, input_config, trainer):
+    return (inputs.LoopInput(host_input(run, "train", workdir, input_config)),
+            heldout.HeldOut(trainer, run.tokenizer, host_input(run, "eval", workdir, input_config)),
+            probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None)
+
+  stages = phase_runner.PhaseSet(list(run.phases), list(run.phase_configs), sharding.make_mesh(run.config.mesh),
+                                 run.objective, make_io)
+  first = stages.trainer(0)
+  return loop.Loop(first, workdir, None, None, trainer_lib.fresh_or_init_from(first), tokens_per_example=0,
+                   flops_per_token=0.0, phases=stages)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> dict:
@@ -45,6 +61,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
 
 def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None) -> dict:
   run = resolve.resolve_pretraining(config, workdir, overrides)
+  if run.phases:
+    return _phased_loop(run, workdir).run()
   config = run.config
   trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), run.objective(config))
   seq_len = config.data.seq_len

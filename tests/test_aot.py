@@ -134,3 +134,18 @@ def test_two_slices_put_data_across_the_dcn_and_name_the_collectives_that_cross_
   (tmp_path / "fit.jsonl").write_text(json.dumps(r) + "\n")
   text = _tool(f"--table={tmp_path / 'fit.jsonl'}").stdout
   assert "| demo | 2 x `v5e:2x2` | 2/2/2 | 2/1/1 |" in text, text
+
+
+def test_phased_modernbert_reports_every_phase():
+  """configs/modernbert_base.py (one run in six phases) shrunk to a 4-layer, 64-wide model: one fit
+  report per phase, with that phase's batch and sequence length (8192 in extend and decay)."""
+  small = ["--config=configs/modernbert_base.py", "--config.model.vocab_size=1024", "--config.model.hidden_size=64",
+           "--config.model.num_heads=2", "--config.model.intermediate_size=96", "--config.model.num_layers=4",
+           "--topology=v5e:2x2", "--json"]
+  p = _tool(*small)
+  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+  reports = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+  assert [r["phase"] for r in reports] == ["batch768", "batch1536", "batch3072", "pretrain", "extend", "decay"]
+  assert [(r["batch_size"], r["seq_len"]) for r in reports] == [
+      (768, 1024), (1536, 1024), (3072, 1024), (4608, 1024), (576, 8192), (576, 8192)]
+  assert all(r["fits"] for r in reports)

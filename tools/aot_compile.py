@@ -6,6 +6,7 @@
   python tools/aot_compile.py --config=configs/xlmr_base.py --topology=v5p:4x4x4 --num_slices=2 \
       --config.mesh.data=2 --config.mesh.fsdp=-1      # two slices joined by DCN: data across, fsdp inside
   python tools/aot_compile.py --config=configs/bert_base.py --topology=h100:8   # NVIDIA GPUs: pip install -e '.[gpu]'
+  python tools/aot_compile.py --config=configs/modernbert_base.py --topology=v5p:2x2x2   # a run in phases: each phase
   python tools/aot_compile.py --table=fit.jsonl      # docs/tpu_fit.md's markdown table from those lines
   python tools/aot_compile.py --config=configs/bert_base.py --topology=v5p:2x2x2 --config.data.seq_len=512 \
       --config.model.attention_dropout=0 --config.model.attention_impl=splash   # or xla; scan_layers=true
@@ -51,6 +52,20 @@ def _table(path: str) -> None:
     print(aot.multislice_row(r) if multi else aot.table_row(r))
 
 
+def _phase_configs(config) -> list:
+  """[(phase name, its config)] of a run in phases; [("", config)] otherwise."""
+  from mlm_jax.config import phases as phases_lib
+  parsed = phases_lib.parse(config)
+  if not parsed:
+    return [("", config)]
+  out = []
+  for p in parsed:
+    c = phases_lib.config_of(config, parsed, p.index)
+    c.phases = ()
+    out.append((p.name, c))
+  return out
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -61,16 +76,25 @@ def main(argv):
     raise app.UsageError("--config and --topology are required (or --table=FILE)")
   name = aot.config_name(flags.FLAGS["config"].config_filename)
   misfits = []
+  try:
+    variants = _phase_configs(_CONFIG.value)
+  except UserError as e:
+    runtime.report_user_error(e)
+    sys.exit(2)
   for topology in _TOPOLOGY.value:
-    try:
-      report = aot.compile_train_step(_CONFIG.value, topology, _NUM_SLICES.value, _DCN_GBPS.value)
-    except UserError as e:   # AotError and the config checks: one line, no traceback
-      runtime.report_user_error(e)
-      sys.exit(2)
-    report["config"] = name
-    print(json.dumps(report) if _JSON.value else aot.format_text(report, name), flush=True)
-    if not report["fits"]:
-      misfits.append(aot.summary_line(report, name))
+    for phase, config in variants:   # a run in phases: each phase's step (its shapes) is its own fit
+      label = f"{name} [{phase}]" if phase else name
+      try:
+        report = aot.compile_train_step(config, topology, _NUM_SLICES.value, _DCN_GBPS.value)
+      except UserError as e:   # AotError and the config checks: one line, no traceback
+        runtime.report_user_error(e)
+        sys.exit(2)
+      report["config"] = name
+      if phase:
+        report["phase"] = phase
+      print(json.dumps(report) if _JSON.value else aot.format_text(report, label), flush=True)
+      if not report["fits"]:
+        misfits.append(aot.summary_line(report, label))
   for line in misfits:
     print(line, file=sys.stderr)
   if misfits:

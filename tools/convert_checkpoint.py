@@ -26,6 +26,7 @@ def _parser():
   t.add_argument("--out", required=True, help="output folder for the transformers model")
   t.add_argument("--arch", default=None, help="bert | roberta | xlm-roberta | modernbert (default: from the model)")
   t.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+  t.add_argument("--ema", action="store_true", help="export the moving average of the parameters (train.ema_decay)")
   f = sub.add_parser("from_hf", help="transformers folder -> checkpoint for config.init_from")
   f.add_argument("--hf_dir", required=True, help="folder with config.json and model.safetensors")
   f.add_argument("--out", required=True, help="output folder (config.json, checkpoints/0, tokenizer/)")
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
   from mlm_jax.errors import UserError
   try:
     if a.command == "to_hf":
-      summary = folders.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite)
+      summary = folders.to_hf(a.workdir, a.out, step=a.step, arch=a.arch, overwrite=a.overwrite, ema=a.ema)
       print(f"wrote {a.out} ({summary['arch']}, step {summary['step']}): {', '.join(summary['files'])}")
       if summary.get("note"):
         print(f"note: {summary['note']}")

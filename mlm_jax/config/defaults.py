@@ -12,7 +12,10 @@ PACKING_FIT = "best"
 def loop_defaults() -> ml_collections.ConfigDict:
   """The `train` section: what the one loop (mlm_jax/training/loop.py) reads, for pretraining and fine-tuning."""
   t = ml_collections.ConfigDict()
-  t.steps = 1000
+  t.steps = 1000                 # with config.phases: the last phase's end (set from the phases)
+  # > 0: stop after this step (saved, as at the end), leaving the schedule as train.steps (or the phases)
+  # make it: train a stable phase once, then branch decays from its checkpoints (docs/phases.md).
+  t.stop_at_step = 0
   t.batch_size = 32              # global, in sequences
   # Cadences in steps; 0 = never, except at the last step (a run always logs, evaluates and saves it).
   t.log_every = 50
@@ -28,6 +31,10 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t.probe_eval_examples = 256
   t.probe_blimp_pairs = 10
   t.save_every = 500
+  # > 0: keep an exponential moving average of the parameters with this decay per step (in the train
+  # state, sharded like them, checkpointed); held-out metrics are also reported for it (eval_ema_*),
+  # and `convert_checkpoint.py to_hf --ema` exports it. 0 = off.
+  t.ema_decay = 0.0
   t.keep_checkpoints = 3
   t.nonfinite = "skip"           # skip: drop the update and count it | stop: exit with an error
   t.max_consecutive_nonfinite = 20   # skip mode gives up after this many non-finite steps in a row
@@ -134,6 +141,10 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   o.end_lr_ratio = 0.0
   o.decay_fraction = 0.1         # wsd: the last fraction of train.steps decays (before it: the peak)
   o.decay_shape = "1-sqrt"       # wsd: linear | cosine | 1-sqrt
+  # In tokens, as papers give them (> 0 replaces warmup_steps / decay_fraction; counted over the
+  # phases' own batch sizes and sequence lengths): e.g. ModernBERT's 3B-token warmup.
+  o.warmup_tokens = 0
+  o.decay_tokens = 0             # wsd: the last this many tokens of the run decay
   o.b1 = 0.9
   o.b2 = 0.999
   o.eps = 1e-6
@@ -239,9 +250,14 @@ def default_config() -> ml_collections.ConfigDict:
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
   # parameters start from there, the optimizer and data stream start fresh.
   c.init_from = ""
+  # WORKDIR:STEP of another run: start from that checkpoint's whole state (parameters, optimizer, data
+  # position, phase), then train under this config (mlm_jax/workdir/branch.py); the source is only read.
+  c.branch_from = ""
   # Demo only: write the bundled demo corpus (Python's own documentation text) to WORKDIR/demo_corpus.
   c.demo_corpus = False
-
+  # Phases of one run (mlm_jax/config/phases.py, docs/phases.md): dicts of a name, end_step or
+  # end_tokens, and "section.field" overrides (seq_len, batch size, RoPE theta, masking, data, LR).
+  c.phases = ()
 
   c.tokenizer = tokenizer_defaults()   # used when data.tokenizer is ''
   c.model = model_defaults()

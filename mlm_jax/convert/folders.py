@@ -48,13 +48,14 @@ def _check_out(out: str, overwrite: bool) -> None:
 
 
 def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = None,
-          overwrite: bool = False) -> dict:
-  """Writes an HF folder from a workdir; returns a summary (step, arch, files)."""
+          overwrite: bool = False, ema: bool = False) -> dict:
+  """Writes an HF folder from a workdir; returns a summary (step, arch, files). `ema`: the moving
+  average of the parameters (train.ema_decay) instead of the parameters."""
   from safetensors.numpy import save_file
   _check_out(out, overwrite)
   config = workdir_files.read_config(workdir)
   objective = registry.for_config(config)
-  own = objective.to_hf(workdir, out, step, arch)   # an objective with its own transformers classes (ELECTRA)
+  own = None if ema else objective.to_hf(workdir, out, step, arch)   # an objective with its own transformers classes (ELECTRA)
   if own is not None:
     return own
   subtree, mcfg = objective.encoder(config)
@@ -66,7 +67,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     hcfg = bert.hf_config(mcfg, arch, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
   except ValueError as e:
     raise ConversionError(str(e)) from None
-  _, params, step = restore.restore_model(workdir, mcfg, step, subtree=subtree)
+  _, params, step = restore.restore_model(workdir, mcfg, step, subtree=subtree, item="ema" if ema else "params")
   state_dict = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in bert.params_to_hf(params, mcfg, arch).items()}
   if mcfg.type_vocab_size == 0 and arch != modernbert.ARCH:
     # Our model has no token types; transformers always adds one: a zero row changes nothing.

@@ -47,6 +47,26 @@ def documents(max_bytes: int = 4_000_000):
       return
 
 
+def topics() -> list:
+  """The language reference part alone (pydoc topics): the phase demo's decay source."""
+  try:
+    from pydoc_data.topics import topics as pages
+  except ImportError:
+    return []
+  return [d for d in (_SPACE.sub(" ", pages[k]).strip() for k in sorted(pages)) if d]
+
+
+def write_topics(directory: str) -> str:
+  """Writes DIRECTORY/pydoc_topics.txt once (empty where the distribution strips pydoc_data)."""
+  path = os.path.join(directory, "pydoc_topics.txt")
+  if not os.path.exists(path):
+    os.makedirs(directory, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.writelines(doc + "\n" for doc in topics())
+    os.replace(path + ".tmp", path)
+  return path
+
+
 def write(directory: str, max_bytes: int = 4_000_000) -> str:
   """Writes DIRECTORY/python_docs.txt once (kept if it exists, so a resumed run reads the same file)."""
   path = os.path.join(directory, "python_docs.txt")

@@ -22,7 +22,7 @@ from absl import logging
 from mlm_jax.errors import ConfigError, UserError
 from mlm_jax.model import flops, sharding
 from mlm_jax.training import profiling
-from mlm_jax.workdir import checkpoints, files as workdir_files, goodput
+from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
 
@@ -74,11 +74,36 @@ class Loop:
   flops_per_token: float
   best_metric: str = ""                  # e.g. "eval_accuracy": keep the best parameters in WORKDIR/best
   probe: Evaluator | None = None         # (params, step) -> {"probe/...": float}, every train.probe_every steps
+  # A run in phases (training/phase_runner.PhaseSet): the trainer, input and evaluators above are then
+  # each phase's, set when it begins; `trainer` is phase 0's until then.
+  phases: Any = None
   preempted: bool = False                # after run(): whether SIGTERM ended it
+  _phase: Any = None                     # the current phase's PhaseParts
 
   @property
   def train_config(self) -> ml_collections.ConfigDict:
     return self.trainer.config.train
+
+  @property
+  def end_step(self) -> int:
+    """Where this run stops: train.stop_at_step when set (and before the end), else train.steps."""
+    t = self.train_config
+    stop = int(t.get("stop_at_step", 0) or 0)
+    return min(stop, int(t.steps)) if stop > 0 else int(t.steps)
+
+  @property
+  def phase_name(self) -> str:
+    return self._phase.name if self._phase is not None else ""
+
+  def _enter_phase(self, k: int, saved: dict | None) -> None:
+    """Phase k's trainer, input and evaluators; its input continues from `saved` when that is its own."""
+    p = self._phase = self.phases.enter(k)
+    self.trainer, self.input, self.evaluate, self.probe = p.trainer, p.input, p.evaluate, p.probe
+    self.tokens_per_example, self.flops_per_token = p.tokens_per_example, p.flops_per_token
+    if saved is not None and saved.get("phase") == p.name:
+      self.input.set_state(saved)
+    elif saved is not None:
+      logging.info("phase %r begins after the restored step: its input starts at its beginning", p.name)
 
   def run(self) -> dict:
     """Trains from the latest checkpoint (or fresh) to train.steps; returns the last logged metrics."""
@@ -87,11 +112,12 @@ class Loop:
     checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
     self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
-    workdir_files.write_config(self._config_as_run(), self.workdir)
+    base = self.phases.configs[-1] if self.phases is not None else self.trainer.config   # phases: the last one's
+    workdir_files.write_config(self._config_as_run(base), self.workdir)
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = _Preemption(t.sigterm_timeout_s, checkpointer)
-    logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, t.steps,
+    logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, self.end_step,
                  t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
     gp.begin_steps(start, writer.max_step_before)
@@ -115,36 +141,59 @@ class Loop:
     return last
 
   def _start(self, checkpointer: checkpoints.Checkpointer):
-    if checkpointer.latest_step() is None:
-      return self.init_state()
+    latest = checkpointer.latest_step()
+    source = None
+    if latest is None and self.trainer.config.get("branch_from", ""):   # a branch's first start
+      workdir, latest = branch_lib.parse(self.trainer.config.branch_from)
+      source = checkpoints.Checkpointer(workdir, read_only=True)
+    if latest is None:
+      state = self.init_state()
+      if self.phases is not None:
+        self._enter_phase(self.phases.index_at(0), None)
+      return state
     abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     with self._goodput.phase("restore"):
-      latest, state, saved = checkpointer.restore_newest(
-          abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
-    self.input.set_state(saved)
+      if source is not None:
+        try:
+          state, saved = source.restore(latest, abstract)
+        finally:
+          source.close()
+      else:
+        latest, state, saved = checkpointer.restore_newest(
+            abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
+    if self.phases is not None:
+      self._enter_phase(self.phases.index_at(latest), saved)
+    else:
+      self.input.set_state(saved)
     if self._best is not None:
       self._best.set_state(saved)
-    logging.info("resuming from step %d", latest)
+    if source is not None:
+      logging.info("branching from %s (step %d of that run)", self.trainer.config.branch_from, latest)
+    else:
+      logging.info("resuming from step %d", latest)
     return state
 
-  def _config_as_run(self) -> ml_collections.ConfigDict:
-    """The config with the fields the resumed input took from its checkpoint (a run started on
+  def _config_as_run(self, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`base` with the fields the resumed input took from its checkpoint (a run started on
     next-fit rows records data.packing_fit='next'), so config.json says what the run reads."""
     adopted = getattr(self.input, "adopted_config", dict)()
     if not adopted:
-      return self.trainer.config
-    config = ml_collections.ConfigDict(self.trainer.config.to_dict())
+      return base
+    config = ml_collections.ConfigDict(base.to_dict())
     for dotted, value in adopted.items():
       section, field = dotted.rsplit(".", 1)
       config[section][field] = value
     return config
 
   def _saved_state(self) -> dict:
-    return {**self.input.get_state(), **(self._best.get_state() if self._best is not None else {})}
+    phase = {"phase": self.phase_name} if self._phase is not None else {}
+    return {**self.input.get_state(), **phase, **(self._best.get_state() if self._best is not None else {})}
 
   def _eval(self, state, step: int, writer: MetricsWriter) -> dict:
     ev = self.evaluate(state.params, step)
-    writer.write(dict(step=step, **ev))
+    if getattr(state, "ema", None) is not None:   # train.ema_decay: the average beside the raw weights
+      ev.update({f"eval_ema_{k[5:]}": v for k, v in self.evaluate(state.ema, step).items()})
+    writer.write(dict(step=step, **ev, **({"phase": self.phase_name} if self._phase is not None else {})))
     logging.info("step %d  eval %s", step, "  ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
     if self._best is not None:
       self._best.update(state, step, ev)
@@ -157,8 +206,8 @@ class Loop:
     return result
 
   def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
-    t, trainer, gp = self.train_config, self.trainer, self._goodput
-    key = jax.random.key(trainer.config.seed)
+    t, gp = self.train_config, self._goodput   # self.trainer: the current phase's
+    key = jax.random.key(self.trainer.config.seed)
     if self.evaluate is not None and t.eval_at_start and start == 0:
       with gp.phase("eval"):
         self._eval(state, 0, writer)
@@ -168,39 +217,44 @@ class Loop:
     log = _Interval(self, start)
     last, step, m = {}, start, None
     prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
-    while step < t.steps:
+    end = self.end_step
+    while step < end:
+      if self._phase is not None and step >= self._phase.end:   # a boundary: the next phase's step and input
+        self._enter_phase(self.phases.index_at(step), None)
+        log.restart()
       watch.phase = "input"
       prof.begin(step)
       t0 = time.perf_counter()
-      batch = sharding.global_batch(self.input.batch(step), trainer.batch_sharding)
+      batch = sharding.global_batch(self.input.batch(step), self.trainer.batch_sharding)
       t1 = time.perf_counter()
       prof.input_done()
       log.input_seconds += t1 - t0
       gp.seconds["input"] += t1 - t0
       watch.phase = "step"
-      state, m = trainer.train_step(state, batch, key)
+      state, m = self.trainer.train_step(state, batch, key)
       checkpointer.check()   # a save that failed in the background stops the run now, in one line
-      if step == start:   # this process's first step: tracing and compiling it
+      if step == start or (self._phase is not None and step == self._phase.phase.start):   # compiling it
         gp.seconds["compile"] += time.perf_counter() - t1
       log.add(m)
       step += 1
       gp.step = step
       prof.end(step, state)
-      final = step == t.steps or watch.preempted
-      if _every(step, t.log_every) or final:
+      final = step == end or watch.preempted
+      boundary = self._phase is not None and step == self._phase.end   # rates of a phase are its own
+      if _every(step, t.log_every) or final or boundary:
         last = log.flush(step, writer)
         gp.mark(step)
-      if self.evaluate is not None and (_every(step, t.eval_every) or step == t.steps) and not watch.preempted:
+      if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not watch.preempted:
         watch.phase = "input"
         with gp.phase("eval"):
           last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
-      if self.probe is not None and (_every(step, t.probe_every) or step == t.steps) and not watch.preempted:
+      if self.probe is not None and (_every(step, t.probe_every) or step == end) and not watch.preempted:
         watch.phase = "input"
         with gp.phase("probe"):
           last.update(self._probe(state, step, writer))
         log.restart()
-      if _every(step, t.save_every) or step == t.steps or watch.preempted:   # SIGTERM may come during eval
+      if _every(step, t.save_every) or step == end or watch.preempted:   # SIGTERM may come during eval
         watch.phase = "save"
         with gp.phase("save"):
           self._save(checkpointer, state, m, step)
@@ -260,10 +314,13 @@ class _Interval:
                 mfu=flops.mfu(real_tokens_per_sec, loop.flops_per_token, self.peak),
                 input_wait_fraction=min(self.input_seconds / seconds, 1.0), goodput=loop._goodput.fraction(),
                 skipped_nonfinite=int(round(since - float(host["finite"]))))
-    eta = (t.steps - step) * (now - self.t_start) / max(step - self.start, 1)
+    if loop.phase_name:
+      line["phase"] = loop.phase_name
+    end = loop.end_step
+    eta = (end - step) * (now - self.t_start) / max(step - self.start, 1)
     writer.write(line)
-    logging.info("step %d/%d  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
-                 t.steps, loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
+    logging.info("step %d/%d%s  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
+                 end, f" [{loop.phase_name}]" if loop.phase_name else "", loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
                  100 * line["real_fraction"], 100 * line["mfu"],
                  100 * line["input_wait_fraction"], time.strftime("%H:%M:%S", time.gmtime(eta)))
     self._check_finite(line, step)

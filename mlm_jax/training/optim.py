@@ -57,6 +57,16 @@ def make_schedule(o: ml_collections.ConfigDict, total_steps: int) -> optax.Sched
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
+def phased_schedule(run: ml_collections.ConfigDict, segments: list, total_steps: int) -> optax.Schedule:
+  """One schedule over a run in phases (config.phases). `segments`: (start, end, optimizer config or
+  None) per phase; a phase with a config runs `make_schedule` of it over its own steps (a re-warmup,
+  a decay), one with None follows `run`'s schedule over the whole run at the global step."""
+  whole = make_schedule(run, total_steps)
+  parts = [make_schedule(o, end - start) if o is not None else (lambda s, start=start: whole(s + start))
+           for start, end, o in segments]
+  return optax.join_schedules(parts, [start for start, _, _ in segments[1:]]) if len(parts) > 1 else parts[0]
+
+
 def _is_stacked(path) -> bool:
   """Whether a parameter is a stack of scanned layers (leading `layers` axis): under `layer_groups`."""
   return any(getattr(k, "key", getattr(k, "name", None)) == "layer_groups" for k in path)
@@ -110,11 +120,13 @@ def scale_by_adam_without_bias_correction(b1: float, b2: float, eps: float) -> o
   return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(o: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(o: ml_collections.ConfigDict, total_steps: int,
+                   schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
+  """AdamW of `o`; its learning rate `schedule`, or make_schedule(o, total_steps)."""
   parts = []
   if o.clip_norm and o.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(float(o.clip_norm)))
-  schedule = make_schedule(o, total_steps)
+  schedule = schedule or make_schedule(o, total_steps)
   clip_rms = float(o.get("update_clip_rms", 0.0))
   if clip_rms < 0:
     raise ConfigError(f"optimizer.update_clip_rms={clip_rms}: expected >= 0 (0 = off)")

@@ -14,10 +14,16 @@ from mlm_jax.errors import ConfigError
 
 
 def write_demo_corpus(workdir: str) -> str:
-  """WORKDIR/demo_corpus (Python's own documentation as text)."""
+  """WORKDIR/demo_corpus (Python's own documentation as text), and demo_corpus/topics/ (its language
+  reference part alone: the decay source of configs/demo.py:phases)."""
   from mlm_jax.data import demo_corpus
   out = os.path.join(workdir, "demo_corpus")
-  runtime.first_process_then_all("demo_corpus", lambda: demo_corpus.write(out))
+
+  def write():
+    demo_corpus.write(out)
+    demo_corpus.write_topics(os.path.join(out, "topics"))
+
+  runtime.first_process_then_all("demo_corpus", write)
   return out
 
 

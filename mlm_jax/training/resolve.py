@@ -13,7 +13,7 @@ import ml_collections
 from absl import logging
 
 from mlm_jax import paths
-from mlm_jax.config import choices, curricula
+from mlm_jax.config import choices, curricula, phases as phases_lib
 from mlm_jax.data import specs
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import ConfigError
@@ -31,6 +31,8 @@ class Resolved:
   tokenizer: Any                  # data/tokenizers' Tokenizer; None when compiling without one
   objective: type | None          # the pretraining objective's class; None for fine-tuning (its head is the task's)
   notes: tuple = ()               # what was assumed (resolve_for_compile)
+  phases: tuple = ()              # config.phases parsed (config/phases.Phase); () for a run without
+  phase_configs: tuple = ()       # each phase's resolved config; `config` is the last one's
 
 
 def freeze(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
@@ -159,19 +161,51 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
   """
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
+  phases = phases_lib.parse(config)   # and a bad phase
+  phases_lib.bind_token_lengths(config, phases)
   objective = registry.load(config.objective)
   _substitute_workdir(config, workdir)
   if config.init_from:
     bind_init_from(config, workdir, overrides)
+  if config.get("branch_from"):
+    if config.init_from:
+      raise ConfigError("branch_from and init_from: give one (branch_from takes the whole state, init_from the weights)")
+    from mlm_jax.workdir import branch
+    source, step = branch.check(config.branch_from, workdir)
+    config.branch_from = f"{source}:{step}"
   objective.check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
   if config.demo_corpus:
     provision.write_demo_corpus(workdir)
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
+  if phases:
+    configs = resolve_phases(config, phases, jax.default_backend(), objective, workdir)
+    return Resolved(configs[-1], tok, objective, phases=tuple(phases), phase_configs=configs)
   objective.bind(config)
   bind_platform(config, jax.default_backend(), objective)
   check(config, objective)
   return Resolved(freeze(config), tok, objective)
+
+
+def resolve_phases(config: ml_collections.ConfigDict, phases: list, platform: str, objective: type,
+                   workdir: str = "") -> tuple:
+  """Each phase's config, bound and checked like a run's (its own attention kernel and prediction
+  slots); all of them carry the run's length (the last phase's end) and the recorded phases."""
+  out = []
+  for k, phase in enumerate(phases):
+    c = phases_lib.config_of(config, phases, k)
+    c.train.steps = phases[-1].end
+    c.phases = phases_lib.recorded(phases)
+    if workdir:
+      _substitute_workdir(c, workdir)
+    objective.bind(c)
+    try:
+      bind_platform(c, platform, objective)
+      check(c, objective)
+    except ConfigError as e:
+      raise ConfigError(f"phase {phase.name!r}: {e}") from None
+    out.append(freeze(c))
+  return tuple(out)
 
 
 def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu") -> Resolved:

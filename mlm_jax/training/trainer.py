@@ -26,6 +26,7 @@ class TrainState:
   params: Any          # nnx.State of the encoder's Params (logical axis names in the metadata)
   opt_state: Any
   nonfinite: jax.Array  # number of updates skipped because the loss or a gradient was not finite
+  ema: Any = None       # train.ema_decay > 0: the moving average of params (sharded like them); None = off
 
 
 @dataclasses.dataclass
@@ -71,20 +72,22 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
 
 
 def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, objective: Objective, *,
-                 make_model: Callable[[], nnx.Module] | None = None) -> Trainer:
+                 make_model: Callable[[], nnx.Module] | None = None, schedule: Callable | None = None) -> Trainer:
   """Init, shardings and the jitted steps for an objective (an instance: `Resolved.objective(config)`,
-  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model)."""
+  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model).
+  `schedule`: the learning rate by step, for a run in phases (one schedule over all of them)."""
   make_model = make_model or (lambda: objective.make_model(config))
   accum = int(config.optimizer.grad_accum_steps)
+  ema_decay = float(config.train.get("ema_decay", 0.0))
   total_steps = int(config.train.steps)
-  tx = optim.make_optimizer(config.optimizer, total_steps)
-  schedule = optim.make_schedule(config.optimizer, total_steps)
+  schedule = schedule or optim.make_schedule(config.optimizer, total_steps)
+  tx = optim.make_optimizer(config.optimizer, total_steps, schedule)
   graphdef, _ = nnx.split(nnx.eval_shape(make_model), nnx.Param)
 
   def init_fn():
     params = nnx.state(make_model(), nnx.Param)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      nonfinite=jnp.zeros((), jnp.int32))
+                      nonfinite=jnp.zeros((), jnp.int32), ema=jax.tree.map(jnp.copy, params) if ema_decay else None)
 
   abstract_state = jax.eval_shape(init_fn)
   state_sh = sharding.state_shardings(abstract_state, mesh, config.sharding.rules)
@@ -116,6 +119,9 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
     new_state = apply_if_finite(state, grads, tx, finite, sharding.platform(mesh))
+    if ema_decay:   # a skipped step leaves the average as it was
+      new_state = new_state.replace(ema=jax.tree.map(
+          lambda e, p: jnp.where(finite, ema_decay * e + (1.0 - ema_decay) * p, e), state.ema, new_state.params))
     metrics = dict(sums, real_tokens=real_tokens, grad_norm=grad_norm, learning_rate=schedule(state.step),
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
@@ -144,7 +150,7 @@ def fresh_or_init_from(trainer: Trainer) -> Callable[[], TrainState]:
     if config.init_from:
       abstract = checkpoints.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
       params = restore.restore_params_for(config.init_from, config.model, abstract.params, fresh=state.params)
-      state = state.replace(params=params)
+      state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params) if state.ema is not None else None)
       logging.info("initialized parameters from %s", config.init_from)
     return state
 

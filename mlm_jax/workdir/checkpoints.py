@@ -65,10 +65,11 @@ class Unreadable(CheckpointError):
 class Checkpointer:
   """Save / restore TrainState + data-iterator state; `keep` most recent checkpoints are kept."""
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, read_only: bool = False):
+    """`read_only`: another run's checkpoints (a branch's source), never written or pruned."""
     self.directory = os.path.join(paths.absolute(workdir), "checkpoints")
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           enable_async_checkpointing=async_save)
+    options = (ocp.CheckpointManagerOptions(create=False, read_only=True) if read_only else
+               ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save))
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=_handlers())
     self._pending: tuple[int, int] | None = None   # (step, bytes) of the save being written
     self._failed = False                           # a failed save was reported: close() does not repeat it
@@ -211,7 +212,7 @@ def single_device(tree: Any) -> Any:
 
 
 def restore_params(workdir: str, abstract_params: Any, step: int | None = None, subtree: str = "",
-                   optional: tuple = ()) -> tuple[Any, int]:
+                   optional: tuple = (), item: str = "params") -> tuple[Any, int]:
   """(parameters, step) from WORKDIR/checkpoints: a training workdir or a `from_hf` output folder.
 
   Only the `params` subtree is placed as `abstract_params` says (ShapeDtypeStructs; with shardings
@@ -220,6 +221,7 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   items, and it is a few times the parameters at most. `subtree` names a part of `params` to restore
   as `abstract_params` (ELECTRA's `discriminator`); the rest of `params` then comes along too.
   `optional`: top-level parameters the checkpoint may lack; they are then absent from the result.
+  `item`: "ema" reads the moving average of the parameters (train.ema_decay) instead.
   """
   directory = os.path.join(paths.absolute(workdir), "checkpoints")
   if paths.missing(directory):
@@ -233,22 +235,25 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
     step = max(steps) if step is None else int(step)
     if step not in steps:
       raise CheckpointError(f"{directory}: no checkpoint for step {step} (have {', '.join(map(str, sorted(steps)))})")
-    meta = manager.item_metadata(step)["state"]
+    full = manager.item_metadata(step)["state"]
+    if item not in full or full[item] is None:
+      raise CheckpointError(f"{directory}/{step} has no {item} (train.ema_decay was 0 in that run)")
+    meta = dict(full, params=full[item])   # the item, checked as the parameters are
     absent = [k for k in optional if k in abstract_params and k not in meta["params"]]
     if absent:
       abstract_params = without_keys(abstract_params, absent)
     placed = {subtree: abstract_params} if subtree else abstract_params
     check_shapes(meta, {"params": placed}, f"{directory}/{step}",
                  hint="does config.json describe the model that wrote it?")
-    target = dict(single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), dict(meta))))
+    target = dict(single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), dict(full))))
     if subtree:
-      target["params"] = dict(target["params"], **{subtree: abstract_params})
+      target[item] = dict(target[item], **{subtree: abstract_params})
     else:
-      target["params"] = abstract_params
+      target[item] = abstract_params
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   finally:
     manager.close()
-  params = restored.state["params"]
+  params = restored.state[item]
   return (params[subtree] if subtree else params), step
 
 

@@ -65,10 +65,13 @@ def _restacked(workdir: str, source: ml_collections.ConfigDict, subtree: str, mo
   return jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, sharding[path_name(p)]), host)
 
 
-def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None, subtree: str = ""):
-  """(graphdef, parameters on one device, step) of the encoder `model_cfg` describes, from WORKDIR."""
+def restore_model(workdir: str, model_cfg: ml_collections.ConfigDict, step: int | None = None, subtree: str = "",
+                  item: str = "params"):
+  """(graphdef, parameters on one device, step) of the encoder `model_cfg` describes, from WORKDIR
+  (`item="ema"`: their moving average)."""
   graphdef, abstract = encoder.abstract_model(model_cfg)
-  params, step = checkpoints.restore_params(workdir, checkpoints.single_device(abstract), step, subtree=subtree)
+  params, step = checkpoints.restore_params(workdir, checkpoints.single_device(abstract), step, subtree=subtree,
+                                            item=item)
   return graphdef, params, step
 
 

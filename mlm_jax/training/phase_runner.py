@@ -1,0 +1,98 @@
+"""The phases of one run as the loop enters them: each phase's trainer, input and evaluators.
+
+A phase's step is compiled once per distinct program (model, masking, batch and sequence shape);
+consecutive phases that differ only in data or learning rate share it, since the learning rate is one
+schedule over the whole run (optim.phased_schedule). The train state carries over unchanged.
+Inputs are built when a phase begins, with the data seed + the phase index. See docs/phases.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+import ml_collections
+from absl import logging
+
+from mlm_jax.config import phases as phases_lib
+from mlm_jax.training import optim, trainer as trainer_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseParts:
+  """What the loop runs a phase with."""
+  phase: phases_lib.Phase
+  trainer: Any
+  input: Any                 # loop.Input
+  evaluate: Callable | None
+  probe: Callable | None
+  tokens_per_example: int
+  flops_per_token: float
+
+  @property
+  def name(self) -> str:
+    return self.phase.name
+
+  @property
+  def end(self) -> int:
+    return self.phase.end
+
+
+def _program_key(config) -> str:
+  """What the jitted step depends on besides the (shared) schedule."""
+  keep = dict(model=config.model.to_dict(), masking=config.masking.to_dict(), batch=config.train.batch_size,
+              seq_len=config.data.seq_len, packing=config.data.packing,
+              optimizer={k: v for k, v in config.optimizer.to_dict().items() if f"optimizer.{k}" not in phases_lib.LR_FIELDS})
+  return json.dumps(keep, sort_keys=True, default=str)
+
+
+def input_config(config, index: int) -> ml_collections.ConfigDict:
+  """The config a phase's input is built from: the data seed moves on with each phase, so a later phase
+  does not start again on the first documents of the corpus."""
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.seed = int(config.seed) + index
+  return ml_collections.FrozenConfigDict(out)
+
+
+class PhaseSet:
+  """The resolved phases of a run; `enter(k)` builds phase k's parts.
+
+  `make_io(config, input_config, trainer) -> (input, evaluate, probe)` is the binary's: the held-out
+  evaluator and the probe live above this layer.
+  """
+
+  def __init__(self, phases: list, configs: list, mesh, objective_cls, make_io: Callable):
+    self.phases, self.configs, self.mesh, self.objective_cls, self.make_io = phases, configs, mesh, objective_cls, make_io
+    # The phases that follow the run's schedule are those before any phase sets its own: phase 0's
+    # optimizer is then the run's.
+    segments = [(p.start, p.end, c.optimizer if _has_own_schedule(phases, p.index) else None)
+                for p, c in zip(phases, configs)]
+    self.schedule = optim.phased_schedule(configs[0].optimizer, segments, phases[-1].end)
+    self._trainers: dict[str, Any] = {}
+
+  def trainer(self, k: int):
+    config = self.configs[k]
+    key = _program_key(config)
+    if key not in self._trainers:
+      self._trainers[key] = trainer_lib.make_trainer(config, self.mesh, self.objective_cls(config),
+                                                     schedule=self.schedule)
+    return self._trainers[key]
+
+  def index_at(self, step: int) -> int:
+    return phases_lib.index_at(self.phases, step)
+
+  def enter(self, k: int) -> PhaseParts:
+    phase, config = self.phases[k], self.configs[k]
+    trainer = self.trainer(k)
+    train_input, evaluate, probe = self.make_io(config, input_config(config, k), trainer)
+    seq_len = config.data.seq_len
+    logging.info("phase %d/%d %r: steps %d..%d, global batch %d x %d tokens%s", k + 1, len(self.phases), phase.name,
+                 phase.start, phase.end, config.train.batch_size, seq_len,
+                 "".join(f", {key}={v}" for key, v in phase.overrides.items()))
+    return PhaseParts(phase, trainer, train_input, evaluate, probe, seq_len,
+                      self.objective_cls.flops_per_token(config, seq_len, config.masking.max_predictions))
+
+
+def _has_own_schedule(phases: list, k: int) -> bool:
+  """A phase keeps its own learning-rate segment once it or an earlier phase set one."""
+  return any(p.own_schedule for p in phases[:k + 1])
