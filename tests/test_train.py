@@ -471,7 +471,9 @@ def test_a_held_workdir_refuses_a_second_run_and_a_dead_holder_is_taken_over(tmp
     assert p.returncode == 1
     line = _error_line(p)
     assert f"workdir {wd} is in use by another run" in line and f"pid {holder.pid}," in line, line
-    assert sorted(str(x.relative_to(wd)) for x in wd.rglob("*")) == before   # nothing written
+    after = sorted(str(x.relative_to(wd)) for x in wd.rglob("*"))
+    assert after == sorted(before + ["lock.json"])   # the holder's lock; the refused run wrote nothing
+    assert json.loads((wd / "lock.json").read_text())["pid"] == holder.pid
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()
