@@ -10,6 +10,7 @@ import os
 import sys
 
 ENV = "MLM_JAX_MALLOC"          # mimalloc (default) | glibc | system
+LIBRARY = "MLM_JAX_MIMALLOC_LIBRARY"   # a libmimalloc.so to use instead of the wheel's (a system package's)
 ACTIVE = "MLM_JAX_MALLOC_ACTIVE"   # set by the re-exec; also stops a second one
 # Purge what is unused after 100 ms, transparent huge pages allowed (docs/design_notes.md#allocator).
 SETTINGS = {"MIMALLOC_PURGE_DELAY": "100"}
@@ -28,7 +29,10 @@ def requested() -> str:
 
 
 def library() -> str | None:
-  """Path of the installed libmimalloc.so (the cmeel-mimalloc wheel), or None."""
+  """Path of libmimalloc.so: MLM_JAX_MIMALLOC_LIBRARY's, else the cmeel-mimalloc wheel's; None if missing."""
+  given = os.environ.get(LIBRARY)
+  if given:
+    return given if os.path.isfile(given) else None
   try:
     from importlib import metadata
     path = str(metadata.distribution("cmeel-mimalloc").locate_file("cmeel.prefix/lib/libmimalloc.so"))
@@ -56,7 +60,10 @@ def use_mimalloc(cpu_backend: bool) -> None:
   if sys.platform != "linux" or not cpu_backend or os.environ.get(ACTIVE) or requested() != "mimalloc":
     return
   lib = library()
-  if lib is None:
+  if lib is None:   # never fail a run for it: say so once, and glibc keeps freed memory (runtime.memory_policy)
+    where = f"{LIBRARY}={os.environ[LIBRARY]!r} is no file" if os.environ.get(LIBRARY) else "the cmeel-mimalloc wheel is not installed"
+    print(f"warning: no mimalloc ({where}): running on glibc, keeping freed memory; {ENV}=glibc silences this",
+          file=sys.stderr, flush=True)
     return
   env = dict(os.environ)
   env[ACTIVE] = "1"

@@ -2,8 +2,12 @@
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+try:   # only the comparison with transformers needs them; the other tests run without
+  import torch
+  import transformers
+except ImportError:
+  torch = transformers = None
+needs_torch = pytest.mark.skipif(torch is None or transformers is None, reason="needs torch and transformers")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -89,6 +93,7 @@ def _hf_models(config, params):
   return out
 
 
+@needs_torch
 def test_losses_and_logits_match_transformers(scanned_pair):
   config, graphdef, params = scanned_pair
   # One embedding LayerNorm for both towers (electra.share_embedding_norm); to_hf's generator gets it
@@ -202,6 +207,9 @@ def test_held_out_auc_precision_recall_and_sampled_accuracy(scanned_pair):
   assert abs(electra.histogram_auc(hist(pos), hist(neg)) - exact) < 0.005
   assert electra.histogram_auc(hist(pos + 20.0), hist(neg - 20.0)) == 1.0   # beyond the range: end bins
   assert electra.histogram_auc(hist(neg), hist(neg)) == pytest.approx(0.5)
+  # counts, not float32 sums: exact past 2^24 in one bin (float32 would stop at 16777216)
+  many = electra.logit_histogram(jnp.zeros((1 << 24) + 3), jnp.ones((1 << 24) + 3))
+  assert jnp.issubdtype(many.dtype, jnp.integer) and int(many[electra.AUC_BINS // 2]) == (1 << 24) + 3
 
   config, graphdef, params = scanned_pair
   obj, key = electra.Electra(config), jax.random.key(7)

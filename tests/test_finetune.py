@@ -7,6 +7,8 @@ the parameters are really sharded) on a 2-layer, 32-wide XLM-R made with transfo
 import dataclasses
 import gzip
 import json
+import re
+import string
 import os
 
 import numpy as np
@@ -232,6 +234,9 @@ def test_ner_and_qa_from_converted_folder(hf_folder, shared_data, tmp_path):
   assert seconds["step"] > 0 and seconds["eval"] > 0 and seconds["compile"] > 0
   text = (tmp_path / "ner" / "predictions.conll").read_text().strip().split("\n\n")
   assert len(text) == 50 and all(len(line.split()) == 3 for s in text for line in s.splitlines())
+  rows = [line.split() for s in text for line in s.splitlines()]
+  # the reported token accuracy is the predictions file's (gold and predicted tag per word), counted here
+  assert r["eval_token_accuracy"] == pytest.approx(sum(g == p for _, g, p in rows) / len(rows))
   # The from_hf folder written for the first run is itself a valid init_from.
   squad = _config("qa", train_files=(str(d / "qa_xquad/xquad.en.json.gz"),), eval_percent=10.0,
                   max_query_length=16, doc_stride=24, max_train_examples=64, max_eval_examples=16)
@@ -240,3 +245,10 @@ def test_ner_and_qa_from_converted_folder(hf_folder, shared_data, tmp_path):
   assert {"eval_exact_match", "eval_f1"} <= set(r)
   answers = json.loads((tmp_path / "qa" / "predictions.json").read_text())
   assert len(answers) == 16 and all(len(a.split()) <= 30 for a in answers.values())
+  # each answer is a span of its own paragraph, and the reported exact match is the file's, counted here
+  by_id = {e.id: e for e in readers.read_squad([str(d / "qa_xquad/xquad.en.json.gz")])}
+  assert all(a in by_id[q].context for q, a in answers.items())
+  norm = lambda t: " ".join(re.sub(r"\b(a|an|the)\b", " ", "".join(
+      c for c in t.lower() if c not in string.punctuation)).split())
+  em = [max(norm(a) == norm(g["text"]) for g in by_id[q].answers) for q, a in answers.items()]
+  assert r["eval_exact_match"] == pytest.approx(sum(em) / len(em))

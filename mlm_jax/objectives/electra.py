@@ -23,16 +23,17 @@ from mlm_jax.objectives.mlm import MLM
 
 
 # The discriminator's held-out AUC comes from histograms of its logits (fixed bins, summed on device
-# like every metric): 1024 bins over [-8, 8] (outside: the end bins) resolve logit differences of
+# like every metric, as int32 counts): 1024 bins over [-8, 8] (outside: the end bins) resolve logit differences of
 # 1/64; two scores in one bin count as a tie (half), so the AUC is exact up to that resolution.
 AUC_BINS, AUC_RANGE = 1024, 8.0
 
 
 def logit_histogram(logits, weights):
-  """[AUC_BINS] weighted counts of `logits` in fixed bins over [-AUC_RANGE, AUC_RANGE]."""
+  """[AUC_BINS] int32 counts of `logits` (where `weights`, a 0/1 mask, is 1) in fixed bins over
+  [-AUC_RANGE, AUC_RANGE]: integers, so the sums over an evaluation stay exact (float32 is not past 2^24)."""
   scaled = (logits.astype(jnp.float32) + AUC_RANGE) * (AUC_BINS / (2 * AUC_RANGE))
   bins = jnp.clip(jnp.floor(scaled), 0, AUC_BINS - 1).astype(jnp.int32)
-  return jnp.zeros((AUC_BINS,), jnp.float32).at[bins.reshape(-1)].add(weights.reshape(-1).astype(jnp.float32))
+  return jnp.zeros((AUC_BINS,), jnp.int32).at[bins.reshape(-1)].add(weights.reshape(-1).astype(jnp.int32))
 
 
 def histogram_auc(positive, negative) -> float:
