@@ -28,6 +28,8 @@ _LANGS = flags.DEFINE_string("pretrain_languages", "", "Languages the model was 
                              "(default: the names of the workdir's data.sources, 'en=...').")
 _DATA = flags.DEFINE_string("data_dir", "", "Folder holding downstream/ and zeroshot/ (default: $MLM_JAX_DATA or "
                             "../shared/data).")
+_BLIMP_PAIRS = flags.DEFINE_integer("blimp_pairs", 0, "BLiMP pairs per paradigm (default: 100 with --fast, else "
+                                    "all 1,000).")
 _SET = flags.DEFINE_multi_string("set", [], "Override a field of every task's config, e.g. --set=train.steps=50.")
 
 
@@ -65,7 +67,7 @@ def main(argv):
   runtime.start()
   suite.run_suite(init_from, _workdir(init_from), tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value,
                   random_init=_RANDOM.value, pretrain_langs=_LANGS.value, data=_DATA.value,
-                  overrides=_overrides(_SET.value))
+                  overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value)
 
 
 def run():

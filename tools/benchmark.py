@@ -5,6 +5,7 @@
   python tools/benchmark.py train --model=base --seq_len=512 --batch=32 --dtype=bfloat16 --dropout=0 \
       --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
   python tools/benchmark.py input [flags of tools/benchmark_input.py]
+  python tools/benchmark.py pll --workdir=DEMO_WORKDIR [--model=mini]   # tools/benchmark_pll.py
 
 `train` runs the real train step on random batches: tokens/s, compile time, peak RSS (whole process,
 compile and step phases), FLOPs, MFU, page faults per step; `--repeat=N` runs it N times in fresh
@@ -192,10 +193,13 @@ def train_main(argv):
 
 
 def main():
-  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input"):
-    sys.exit("usage: benchmark.py {train|input} [flags]  (see --help of each)")
+  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input", "pll"):
+    sys.exit("usage: benchmark.py {train|input|pll} [flags]  (see --help of each)")
   if sys.argv[1] == "train":
     train_main(sys.argv[2:])
+  elif sys.argv[1] == "pll":
+    import benchmark_pll   # beside this file
+    benchmark_pll.main(sys.argv[2:])
   else:
     import benchmark_input   # beside this file, on sys.path as the script's folder
     benchmark_input.main(sys.argv[2:])

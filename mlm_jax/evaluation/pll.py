@@ -18,6 +18,7 @@ from mlm_jax.model import sharding
 
 # Rows kept open for best fit while packing: enough that nearly every slot holds a token.
 OPEN_ROWS = 8
+ROW_LEN = 128      # tokens a row by default: copies of 8-25 tokens (BLiMP's) fill ~90% of it
 SLOT_MULTIPLE = 8
 
 
@@ -96,17 +97,19 @@ class _Rows:
         self.open.remove(r)
 
 
-def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_row: bool = False) -> Packed:
-  """The masked copies of `sentences` (id lists with BOS/EOS) in rows of `row_len` tokens."""
+def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_row: bool = False,
+         max_len: int = 0) -> Packed:
+  """The masked copies of `sentences` (id lists with BOS/EOS) in rows of `row_len` tokens; a sentence may
+  have at most `max_len` tokens (the model's positions; 0 = row_len): positions restart in each copy."""
+  max_len = min(max_len or row_len, row_len)
   special_ids = np.asarray(tok.special_ids)
   starts_of = WordStarts(tok) if whole_word else None
   rows = _Rows(row_len, one_per_row)
   blocks = []   # (row, offset, first segment, ids [k, L], masks [k, L], sentence)
   for s, sentence in enumerate(sentences):
     ids = np.asarray(sentence, np.int32)
-    if len(ids) > row_len:
-      raise UserError(f"sentence {s} is {len(ids)} tokens long with BOS/EOS; PLL rows hold {row_len} "
-                      "(the model's positions)")
+    if len(ids) > max_len:
+      raise UserError(f"sentence {s} is {len(ids)} tokens long with BOS/EOS; the model reads at most {max_len}")
     special = np.isin(ids, special_ids)
     masks = unit_masks(ids, special, starts_of(ids) if starts_of else None)
     done = 0
@@ -142,6 +145,13 @@ def encode(tok, texts: list) -> list:
   return [[tok.bos_id] + ids + [tok.eos_id] for ids in tok.encode_batch(list(texts))]
 
 
+def max_len(model_cfg) -> int:
+  """The longest sentence a model reads: its learned positions (0 = any that fits a row)."""
+  if model_cfg.get("positions", "learned") != "learned":
+    return 0
+  return int(model_cfg.max_position_embeddings) - int(model_cfg.position_offset)
+
+
 def check_mlm_head(model_cfg, where: str) -> None:
   if not model_cfg.get("mlm_head", True):
     raise UserError(f"{where}: the model has no MLM head (an ELECTRA discriminator); pseudo-log-likelihood "
@@ -151,13 +161,15 @@ def check_mlm_head(model_cfg, where: str) -> None:
 class Scorer:
   """PLL of sentences under a masked LM given as (graphdef, params[, path to the masked-LM module]).
 
-  `rows` copies-rows per step (rounded up to the mesh's batch parallelism), `row_len` tokens a row.
-  One compile per (rows, row_len, slots) shape; `one_per_row` gives the unpacked reference."""
+  `rows` rows per step (rounded up to the mesh's batch parallelism), `row_len` tokens a row, sentences
+  of at most `max_len` tokens (the model's positions; 0 = row_len). One compile per (rows, row_len,
+  slots) shape; `one_per_row` gives the unpacked reference."""
 
   def __init__(self, graphdef, tok, row_len: int, *, rows: int = 64, path: str = "", whole_word: bool = False,
-               mesh=None, one_per_row: bool = False):
+               mesh=None, one_per_row: bool = False, max_len: int = 0):
     from flax import nnx
     self.tok, self.row_len, self.whole_word, self.one_per_row = tok, int(row_len), whole_word, one_per_row
+    self.max_len = int(max_len)
     self.mesh = mesh
     parallel = 1 if mesh is None else sharding._axis_size(mesh, sharding.BATCH_AXES)
     self.rows = -(-int(rows) // parallel) * parallel
@@ -180,7 +192,7 @@ class Scorer:
       self.place = lambda a: jax.make_array_from_callback(a.shape, batch_sh, lambda idx: a[idx])
 
   def pack(self, sentences: list) -> Packed:
-    return pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row)
+    return pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row, self.max_len)
 
   def __call__(self, params, sentences: list) -> np.ndarray:
     """float64 [sentences]: the PLL of each id list (with BOS/EOS)."""

@@ -163,9 +163,9 @@ class Probes:
 
 class BlimpProbe:
   """`probe/blimp`: zero-shot BLiMP accuracy (ties wrong) of the objective's masked LM on the first `pairs`
-  pairs of every paradigm, its PLL rows of `seq_len` tokens split over the run's mesh."""
+  pairs of every paradigm, its PLL rows split over the run's mesh."""
 
-  def __init__(self, trainer, tok, pairs: int, seq_len: int):
+  def __init__(self, trainer, tok, pairs: int):
     from mlm_jax.errors import ConfigError
     from mlm_jax.evaluation import pll
     from mlm_jax.tasks import blimp, catalogue
@@ -174,7 +174,8 @@ class BlimpProbe:
     path, model_cfg = trainer.objective.masked_lm(trainer.config)
     pll.check_mlm_head(model_cfg, "train.probe_tasks=blimp")
     self.paradigms = blimp.read(blimp.folder(catalogue.data_dir(need=blimp.FOLDER)), pairs)
-    self.scorer = pll.Scorer(trainer.graphdef, tok, seq_len, rows=Probe.ROWS, path=path, mesh=trainer.mesh)
+    self.scorer = pll.Scorer(trainer.graphdef, tok, pll.ROW_LEN, rows=Probe.ROWS, path=path, mesh=trainer.mesh,
+                             max_len=pll.max_len(model_cfg))
     self.scorer.pack(pll.encode(tok, [s for p in self.paradigms for s in p.good + p.bad]))   # fails at start
 
   def __call__(self, params) -> dict:
@@ -199,7 +200,7 @@ class Probe:
     suite_tasks = [n for n in t.probe_tasks if n != "blimp"]
     self.probes = Probes(from_suite(suite_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size,
                                     t.probe_train_examples, t.probe_eval_examples), self.ROWS) if suite_tasks else None
-    self.blimp = (BlimpProbe(trainer, tok, int(t.probe_blimp_pairs), config.data.seq_len)
+    self.blimp = (BlimpProbe(trainer, tok, int(t.probe_blimp_pairs))
                   if "blimp" in t.probe_tasks else None)
     self.replicated = sharding.replicated(trainer.mesh)
 

@@ -170,7 +170,7 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
 
 def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, seeds: int = 0,
               random_init: bool = False, pretrain_langs: str = "", data: str = "", overrides: dict | None = None,
-              log=say) -> dict:
+              log=say, blimp_pairs: int = 0) -> dict:
   """Every selected task x seed (finished ones read back) and the zero-shot tasks, then the summary, written
   to OUT/downstream.json and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model."""
   from mlm_jax.finetuning import suite_report, zeroshot_suite
@@ -187,7 +187,7 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
   zeroshot = {}
   if zero:
     zeroshot["blimp"] = zeroshot_suite.run_blimp(init_from=init_from, source=source, out=out, fast=fast,
-                                                 random_init=random_init, data=data, log=log)
+                                                 random_init=random_init, data=data, log=log, pairs=blimp_pairs)
   results = {}
   for t in chosen:
     results[t.name] = [run_one(t, s, init_from=source, out=out, mode=mode, data=data, random_init=random_init,

@@ -9,14 +9,12 @@ import json
 import os
 
 import jax
-import ml_collections
 
 from mlm_jax.errors import UserError
 from mlm_jax.tasks import blimp
 
 FAST_PAIRS = 100          # per paradigm: 6,700 pairs
 PLL_ROWS = 64             # rows of packed masked copies per step
-PLL_ROW_LEN = 128         # tokens a row at most (fewer when the model has fewer positions)
 RESULT_FILE = "result.json"
 
 
@@ -34,12 +32,6 @@ def load_masked_lm(init_from: str, source: str, random_init: bool):
   return lm
 
 
-def row_len(model_cfg: ml_collections.ConfigDict) -> int:
-  if model_cfg.get("positions", "learned") != "learned":
-    return PLL_ROW_LEN
-  return min(PLL_ROW_LEN, int(model_cfg.max_position_embeddings) - int(model_cfg.position_offset))
-
-
 def scorer_for(lm, whole_word: bool = False):
   """(pll.Scorer, params placed on the mesh) for a MaskedLM."""
   from flax import nnx
@@ -50,26 +42,30 @@ def scorer_for(lm, whole_word: bool = False):
   mesh = sharding.make_mesh(default_config().mesh)
   graphdef, params = nnx.split(lm.model, nnx.Param)
   params = jax.device_put(params, sharding.replicated(mesh))
-  return pll.Scorer(graphdef, lm.tokenizer, row_len(lm.model_config), rows=PLL_ROWS, whole_word=whole_word,
-                    mesh=mesh), params
+  return pll.Scorer(graphdef, lm.tokenizer, pll.ROW_LEN, rows=PLL_ROWS, whole_word=whole_word, mesh=mesh,
+                    max_len=pll.max_len(lm.model_config)), params
 
 
-def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str, log) -> dict:
-  """BLiMP's summary (evaluation/zeroshot.py) plus `seconds`, computed once and kept in OUT/blimp."""
+def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str, log,
+              pairs: int = 0) -> dict:
+  """BLiMP's summary (evaluation/zeroshot.py) plus `seconds`, computed once and kept in OUT/blimp; the first
+  `pairs` pairs a paradigm (0: FAST_PAIRS with `fast`, else all)."""
   from mlm_jax.evaluation import zeroshot
   where = blimp.folder(data)
-  paradigms = blimp.read(where, FAST_PAIRS if fast else 0)
+  paradigms = blimp.read(where, pairs or (FAST_PAIRS if fast else 0))
   done = os.path.join(out, "blimp", RESULT_FILE)
+  total = sum(len(p.good) for p in paradigms)
   if os.path.exists(done):
     with open(done, encoding="utf-8") as f:
       result = json.load(f)
-    log(f"[downstream] blimp: done before, accuracy {100 * result['overall']:.1f} (skipped)")
-    return result
+    if result.get("pairs") == total:   # the same subset
+      log(f"[downstream] blimp: done before, accuracy {100 * result['overall']:.1f} (skipped)")
+      return result
   try:
     lm = load_masked_lm(init_from, source, random_init)
   except UserError as e:
     raise UserError(f"blimp: {e}") from None
-  log(f"[downstream] blimp: started ({sum(len(p.good) for p in paradigms)} pairs, {len(paradigms)} paradigms)")
+  log(f"[downstream] blimp: started ({total} pairs, {len(paradigms)} paradigms)")
   scorer, params = scorer_for(lm)
   result = zeroshot.blimp(scorer, params, paradigms)
   result.update(published=blimp.published(where), source=lm.source)
