@@ -34,6 +34,17 @@ def test_store_checkpoint_of_two_processes_continues_on_one(tmp_path, store_data
   assert config["data"]["tokenizer"].startswith(store_data)   # the store's own tokenizer
   last = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines() if '"loss"' in l][-1]
   assert last["data/docs/tokens"] > 0 and 0 < last["data/docs/epochs"] < 1, last
+  # the logged share of real tokens of each step (log_every=1) is that of the batch it read, counted
+  # here from the store: the global batch's non-padding slots, read by one process
+  import ml_collections
+  from mlm_jax.data.store import loader
+  reader = loader.StorePipeline(ml_collections.ConfigDict(config["data"]), config["train"]["batch_size"],
+                                seed=config["seed"], cache_dir=str(tmp_path / "index"))
+  logged = {m["step"]: m for m in map(json.loads, (two / "metrics.jsonl").read_text().splitlines()) if "loss" in m}
+  for step in range(1, STEPS + 1):
+    real = (next(reader)["segment_ids"] > 0).mean()
+    assert logged[step]["real_fraction"] == pytest.approx(real, rel=1e-6), (step, logged[step])
+    assert logged[step]["real_tokens_per_sec"] / logged[step]["tokens_per_sec"] == pytest.approx(real, rel=1e-6)
 
   mid = STEPS // 2
   one = tmp_path / "one"
