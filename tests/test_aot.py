@@ -136,16 +136,23 @@ def test_two_slices_put_data_across_the_dcn_and_name_the_collectives_that_cross_
   assert "| demo | 2 x `v5e:2x2` | 2/2/2 | 2/1/1 |" in text, text
 
 
-def test_phased_modernbert_reports_every_phase():
-  """configs/modernbert_base.py (one run in six phases) shrunk to a 4-layer, 64-wide model: one fit
-  report per phase, with that phase's batch and sequence length (8192 in extend and decay)."""
-  small = ["--config=configs/modernbert_base.py", "--config.model.vocab_size=1024", "--config.model.hidden_size=64",
-           "--config.model.num_heads=2", "--config.model.intermediate_size=96", "--config.model.num_layers=4",
-           "--topology=v5e:2x2", "--json"]
-  p = _tool(*small)
+
+def test_a_run_in_phases_reports_every_phase():
+  """configs/demo.py:phases: one fit report per phase, at that phase's sequence length; and the phased
+  configs/modernbert_base.py splits into its six phases' shapes (compiled per phase the same way)."""
+  spec = importlib.util.spec_from_file_location("aot_tool", REPO / "tools" / "aot_compile.py")
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  spec = importlib.util.spec_from_file_location("modernbert_base", REPO / "configs" / "modernbert_base.py")
+  recipe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(recipe)
+  shapes = [(name, c.train.batch_size, c.data.seq_len, c.model.rope_theta)
+            for name, c in tool._phase_configs(recipe.get_config())]
+  assert shapes == [("batch768", 768, 1024, 1e4), ("batch1536", 1536, 1024, 1e4), ("batch3072", 3072, 1024, 1e4),
+                    ("pretrain", 4608, 1024, 1e4), ("extend", 576, 8192, 1.6e5), ("decay", 576, 8192, 1.6e5)]
+  args = [a.replace("configs/demo.py", "configs/demo.py:phases") for a in TINY if "seq_len" not in a]
+  p = _tool(*args, "--config.model.num_layers=1", "--topology=v5e:2x2", "--config.train.batch_size=16", "--json")
   assert p.returncode == 0, p.stdout + p.stderr[-3000:]
   reports = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-  assert [r["phase"] for r in reports] == ["batch768", "batch1536", "batch3072", "pretrain", "extend", "decay"]
-  assert [(r["batch_size"], r["seq_len"]) for r in reports] == [
-      (768, 1024), (1536, 1024), (3072, 1024), (4608, 1024), (576, 8192), (576, 8192)]
+  assert [(r["phase"], r["seq_len"]) for r in reports] == [("pretrain", 32), ("extend", 64), ("decay", 64)]
   assert all(r["fits"] for r in reports)
