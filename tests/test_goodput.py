@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from subproc import REPO, cpu_env
+from subproc import REPO, cpu_env, kill_when
 
 from test_train import _cmd, _losses, _steps
 
@@ -28,16 +28,7 @@ def killed_and_resumed(tmp_path_factory, corpus_and_tokenizer):
   wd = tmp_path_factory.mktemp("goodput") / "run"
   killed = subprocess.Popen(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=4", steps=100000), cwd=REPO,
                             env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 300
-    while time.time() < deadline and killed.poll() is None:
-      if 4 in _steps(wd) and (wd / "metrics.jsonl").exists() and max(_losses(wd), default=0) >= 6:
-        killed.send_signal(signal.SIGKILL)
-        break
-      time.sleep(0.02)
-  finally:
-    killed.kill()
-    killed.wait()
+  kill_when(killed, lambda: 4 in _steps(wd) and (wd / "metrics.jsonl").exists() and max(_losses(wd), default=0) >= 6)
   assert killed.returncode == -signal.SIGKILL
   reached, resumed_from = max(_losses(wd)), max(_steps(wd))   # as the kill left them
   before = _segments(wd)

@@ -10,11 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from subproc import REPO, cpu_env
+from subproc import REPO, cpu_env, kill_when
 
 def _demo_config(variant: str = "phases"):
   spec = importlib.util.spec_from_file_location("demo_config", REPO / "configs" / "demo.py")
@@ -66,17 +65,13 @@ def _losses(workdir):
   return out
 
 
-def _kill_after(cmd, workdir, step: int) -> None:
+def _kill_after(cmd, workdir, step: int, log) -> None:
   """Start `cmd` (a run far longer than `step`) and kill -9 it once metrics.jsonl has logged `step`."""
-  proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  deadline = time.time() + 400
-  while time.time() < deadline and proc.poll() is None:
-    if any(d.get("step", 0) >= step and "loss" in d for d in _lines(workdir)):
-      proc.send_signal(signal.SIGKILL)
-      break
-    time.sleep(0.05)
-  _, err = proc.communicate()
-  assert proc.returncode == -signal.SIGKILL, err[-3000:]
+  with open(log, "w+") as err:   # a file, not a pipe: a full pipe would stall the run
+    proc = subprocess.Popen(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=err)
+    kill_when(proc, lambda: any(d.get("step", 0) >= step and "loss" in d for d in _lines(workdir)))
+    err.seek(0)
+    assert proc.returncode == -signal.SIGKILL, err.read()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +124,8 @@ def test_phases_resume_exactly_after_kill_9(sources, tmp_path, path, request):
 
   # kill -9 inside phase 2 (checkpoint 5 is phase 2's), then again right after the boundary at 8
   # (the newest checkpoint is still 5: the rerun replays phase 2's end and enters phase 3 again).
-  _kill_after(_cmd(killed, source, decay, spm), killed, 6)
-  _kill_after(_cmd(killed, source, decay, spm), killed, 9)
+  _kill_after(_cmd(killed, source, decay, spm), killed, 6, tmp_path / "killed6.log")
+  _kill_after(_cmd(killed, source, decay, spm), killed, 9, tmp_path / "killed9.log")
   p = _run(_cmd(killed, source, decay, spm, f"--config.train.stop_at_step={STOP}"))
   assert p.returncode == 0, p.stderr[-3000:]
   assert "resuming from step" in p.stderr

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from subproc import REPO, cpu_env
+from subproc import REPO, cpu_env, kill_when
 
 from mlm_jax.workdir import restore
 
@@ -178,17 +178,14 @@ def test_exact_resume_after_kill_9(tmp_path, corpus_and_tokenizer, request, obje
   log = open(tmp_path / "killed.log", "w+")   # a file, not a pipe: a full pipe would stall the run
   proc = subprocess.Popen(killed_cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=log)
   workers = []
-  try:
-    deadline = time.time() + 600   # a hang guard only: a loaded host is slow
-    while time.time() < deadline and proc.poll() is None:
-      if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
-        workers = _store_workers(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-        break
-      time.sleep(0.02)
-  finally:
-    proc.kill()
-    proc.wait()
+
+  def ready():   # checkpoint n committed and step n + 1 logged; the store's workers seen just before
+    if n in _steps(killed) and os.path.exists(killed / "metrics.jsonl") and max(_losses(killed), default=0) > n:
+      workers.extend(_store_workers(proc.pid))
+      return True
+    return False
+
+  kill_when(proc, ready)
   log.seek(0)
   assert proc.returncode == -signal.SIGKILL, log.read()[-3000:]
   assert max(_steps(killed)) < 2 * n, _steps(killed)
