@@ -149,6 +149,9 @@ def _repeat(argv, args) -> None:
     med = statistics.median(values)
     summary[k] = med
     summary[k + "_spread"] = (max(values) - min(values)) / med if med else 0.0
+  scale = summary["tokens_per_sec"] / runs[0]["tokens_per_sec"]   # the rates of the median run, not of the first
+  for k in ("steps_per_sec", "achieved_tflops", "mfu"):
+    summary[k] = runs[0][k] * scale
   print(json.dumps(summary))
 
 
