@@ -7,6 +7,7 @@ atomically; shapes are checked against the config before restoring, one line nam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from typing import Any
@@ -126,14 +127,23 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restore into the shardings of `abstract_state` (ShapeDtypeStructs with .sharding)."""
     self.check_compatible(step, abstract_state)
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+    item, without_ema = abstract_state, self._saved_without_ema(step, abstract_state)
+    if without_ema:   # written before the state had an `ema` field (train.ema_decay off: it stays None)
+      item = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state) if f.name != "ema"}
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(item), data=ocp.args.JsonRestore())
     try:
       restored = self.manager.restore(step, args=args)
     except Exception as e:
       raise Unreadable(f"checkpoint {self.directory}/{step} could not be restored: "
                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     logging.info("restored checkpoint %s/%d", self.directory, step)
-    return restored.state, dict(restored.data or {})
+    state = abstract_state.replace(**restored.state) if without_ema else restored.state
+    return state, dict(restored.data or {})
+
+  def _saved_without_ema(self, step: int, abstract_state: Any) -> bool:
+    if not dataclasses.is_dataclass(abstract_state) or getattr(abstract_state, "ema", 0) is not None:
+      return False
+    return "ema" not in self.manager.item_metadata(step)["state"].keys()
 
   def restore_newest(self, abstract_state: Any, on_corrupt: str = "fallback") -> tuple[int, Any, dict]:
     """(step, state, data state) of the newest checkpoint that restores. With `on_corrupt`='fallback',
