@@ -116,18 +116,20 @@ class Checkpointer:
   def wait(self) -> None:
     self.check(wait=True)
 
-  def check_compatible(self, step: int, abstract_state: Any) -> None:
-    """Raise CheckpointError naming the first parameter whose shape or presence differs."""
+  def check_compatible(self, step: int, abstract_state: Any) -> Any:
+    """Raise CheckpointError naming the first parameter whose shape or presence differs; returns the
+    checkpoint's tree metadata."""
     try:
       meta = self.manager.item_metadata(step)["state"]
     except Exception as e:  # unreadable metadata: a corrupt or foreign checkpoint
       raise Unreadable(f"checkpoint {self.directory}/{step} cannot be read: {type(e).__name__}: {e}") from e
     check_shapes(meta, abstract_state, f"{self.directory}/{step}")
+    return meta
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restore into the shardings of `abstract_state` (ShapeDtypeStructs with .sharding)."""
-    self.check_compatible(step, abstract_state)
-    item, without_ema = abstract_state, self._saved_without_ema(step, abstract_state)
+    meta = self.check_compatible(step, abstract_state)
+    item, without_ema = abstract_state, _saved_without_ema(meta, abstract_state)
     if without_ema:   # written before the state had an `ema` field (train.ema_decay off: it stays None)
       item = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state) if f.name != "ema"}
     args = ocp.args.Composite(state=ocp.args.StandardRestore(item), data=ocp.args.JsonRestore())
@@ -140,10 +142,6 @@ class Checkpointer:
     state = abstract_state.replace(**restored.state) if without_ema else restored.state
     return state, dict(restored.data or {})
 
-  def _saved_without_ema(self, step: int, abstract_state: Any) -> bool:
-    if not dataclasses.is_dataclass(abstract_state) or getattr(abstract_state, "ema", 0) is not None:
-      return False
-    return "ema" not in self.manager.item_metadata(step)["state"].keys()
 
   def restore_newest(self, abstract_state: Any, on_corrupt: str = "fallback") -> tuple[int, Any, dict]:
     """(step, state, data state) of the newest checkpoint that restores. With `on_corrupt`='fallback',
@@ -197,6 +195,13 @@ class Checkpointer:
     finally:
       with contextlib.suppress(Exception):   # after a failed save orbax raises its error again here
         self.manager.close()
+
+
+def _saved_without_ema(meta: Any, abstract_state: Any) -> bool:
+  """A train state without EMA restoring a checkpoint written before the state had the field."""
+  if not dataclasses.is_dataclass(abstract_state) or getattr(abstract_state, "ema", 0) is not None:
+    return False
+  return "ema" not in meta.keys()
 
 
 def abstract_with_shardings(abstract_state: Any, shardings: Any) -> Any:
