@@ -3,7 +3,8 @@
 Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers folder)
 on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py (`--fast`: `:fast`,
 one seed), N seeds each, and scores its masked LM zero-shot on BLiMP (`--fast`: 100 pairs a paradigm);
-prints one table and writes OUT/downstream.json; a re-run skips what is done.
+prints one table and writes OUT/downstream.json; a re-run skips what is done. `--baseline` runs the same
+for random weights too and prints the model beside them (OUT/baseline.txt).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ _FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/fin
 _SEEDS = flags.DEFINE_integer("seeds", 0, "Seeds per task (default: 3, or 1 with --fast).")
 _TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(catalogue.ALL_NAMES)} (default: all).")
 _RANDOM = flags.DEFINE_bool("random_init", False, "Baseline: init_from's architecture and tokenizer, random weights.")
+_BASELINE = flags.DEFINE_bool("baseline", False, "Also run the random-init baseline (into OUT/random_init) and "
+                              "print the model beside it, with the gain per task and BLiMP phenomenon.")
 _LANGS = flags.DEFINE_string("pretrain_languages", "", "Languages the model was pretrained on, e.g. en,de "
                              "(default: the names of the workdir's data.sources, 'en=...').")
 _DATA = flags.DEFINE_string("data_dir", "", "Folder holding downstream/ and zeroshot/ (default: $MLM_JAX_DATA or "
@@ -64,10 +67,16 @@ def main(argv):
     raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
   if not os.path.isdir(init_from):
     raise ConfigError(f"--init_from={init_from}: no such folder")
+  if _BASELINE.value and _RANDOM.value:
+    raise ConfigError("--baseline runs the random init beside the model: leave out --random_init")
   runtime.start()
-  suite.run_suite(init_from, _workdir(init_from), tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value,
-                  random_init=_RANDOM.value, pretrain_langs=_LANGS.value, data=_DATA.value,
-                  overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value)
+  out = _workdir(init_from)
+  common = dict(tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value, pretrain_langs=_LANGS.value,
+                data=_DATA.value, overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value)
+  if _BASELINE.value:
+    suite.run_with_baseline(init_from, out, **common)
+  else:
+    suite.run_suite(init_from, out, random_init=_RANDOM.value, **common)
 
 
 def run():

@@ -110,6 +110,50 @@ def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   assert again["zeroshot"] == json.loads(json.dumps(summary))["zeroshot"]
 
 
+def test_a_kept_result_of_an_older_checkpoint_is_scored_again(data, constant_workdir, tmp_path):
+  """The kept BLiMP result names the checkpoint it scored: after more pretraining (a newer checkpoint) the
+  same command scores again instead of printing the old model's accuracy as done."""
+  from flax import nnx
+  from mlm_jax.evaluation import fill_mask
+  from mlm_jax.finetuning import suite
+  from mlm_jax.workdir import checkpoints
+  wd = tmp_path / "run"
+  shutil.copytree(constant_workdir, wd)
+  out, lines = str(tmp_path / "suite"), []
+  first = suite.run_suite(str(wd), out, tasks="blimp", blimp_pairs=2, data=str(data), log=lines.append)
+  assert first["zeroshot"]["blimp"]["depends_on"]["init_step"] == 1
+  model = fill_mask.from_workdir(str(wd)).model
+  model.decoder_bias[...] = model.decoder_bias[...].at[5].set(3.0)   # the pretraining "went on"
+  ckpt = checkpoints.Checkpointer(str(wd), async_save=False)
+  ckpt.save(2, {"params": nnx.state(model, nnx.Param)}, {})
+  ckpt.close()
+  lines.clear()
+  again = suite.run_suite(str(wd), out, tasks="blimp", blimp_pairs=2, data=str(data), log=lines.append)
+  assert not any("done before" in l for l in lines), lines
+  assert any("blimp: the kept result is of another model or subset (init_step 1 -> 2)" in l for l in lines), lines
+  assert again["zeroshot"]["blimp"]["depends_on"]["init_step"] == 2
+  lines.clear()   # and a third run of the same command reads it back
+  suite.run_suite(str(wd), out, tasks="blimp", blimp_pairs=2, data=str(data), log=lines.append)
+  assert any("blimp: done before" in l for l in lines), lines
+
+
+def test_baseline_prints_the_model_beside_its_random_init(data, constant_workdir, tmp_path):
+  """`--baseline`: the same pairs scored for the model and for random weights of its architecture, one table
+  with both and the gain; the header of a zero-shot-only run names no fine-tuning mode or seeds."""
+  from mlm_jax.finetuning import suite
+  out, lines = str(tmp_path / "suite"), []
+  model, base = suite.run_with_baseline(constant_workdir, out, tasks="blimp", blimp_pairs=2, data=str(data),
+                                        log=lines.append)
+  a, b = 100 * model["zeroshot"]["blimp"]["overall"], 100 * base["zeroshot"]["blimp"]["overall"]
+  assert base["random_init"] and base["zeroshot"]["blimp"]["depends_on"]["random_init"]
+  assert base["zeroshot"]["blimp"]["paradigms"] != model["zeroshot"]["blimp"]["paradigms"]
+  table = open(os.path.join(out, "baseline.txt")).read()
+  assert table.splitlines()[0] == f"downstream suite: {constant_workdir}  (zero-shot only)", table
+  assert re.search(rf"^blimp +acc +{a:.1f} +{b:.1f} +{a - b:+.1f}$", table, re.M), table
+  assert re.search(r"^  island_effects +acc +\d+\.\d +\d+\.\d +[+-]\d+\.\d$", table, re.M), table
+  assert table.strip() == lines[-1].strip()
+
+
 def test_bad_input_is_one_line(data, tmp_path, shared_data):
   from mlm_jax.finetuning import zeroshot_suite
   with pytest.raises(DataError, match=r"zeroshot/blimp: no such folder"):

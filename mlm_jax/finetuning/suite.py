@@ -90,21 +90,28 @@ def newest_step(source: str) -> int | None:
   return max(steps) if steps else None
 
 
-def depends_on(task: SuiteTask, config, *, init_from: str, mode: str, random_init: bool,
-               overrides: dict | None) -> dict:
-  """What a seed's result depends on: the init checkpoint (folder, newest step, its config.json), the
-  task and its final config (seed, --set overrides and the seq_len fitted to the model included), the mode."""
+def init_identity(init_from: str, random_init: bool) -> dict:
+  """What identifies the model a result was computed from: the folder, its newest checkpoint step, a hash
+  of its config.json, and whether its weights were replaced by a random init."""
   with open(os.path.join(init_from, "config.json"), "rb") as f:
     init_config = hashlib.sha256(f.read()).hexdigest()[:16]
   return dict(init_from=os.path.realpath(init_from), init_step=newest_step(init_from), init_config=init_config,
-              mode=mode, random_init=bool(random_init), overrides={k: str(v) for k, v in (overrides or {}).items()},
+              random_init=bool(random_init))
+
+
+def depends_on(task: SuiteTask, config, *, init_from: str, mode: str, random_init: bool,
+               overrides: dict | None) -> dict:
+  """What a seed's result depends on: the init checkpoint (`init_identity`), the task and its final config
+  (seed, --set overrides and the seq_len fitted to the model included), the mode."""
+  return dict(init_identity(init_from, random_init), mode=mode,
+              overrides={k: str(v) for k, v in (overrides or {}).items()},
               task=_digest(dataclasses.asdict(task)), config=_digest(config.to_dict()))
 
 
-def _differs(saved: dict, now: dict) -> str:
-  """'init_step 2 -> 4, config' : what changed since a seed's saved result (or its started run)."""
+def differs(saved: dict, now: dict) -> str:
+  """'init_step 2 -> 4, config' : what changed since a result was saved (or its run started)."""
   keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-  plain = ("init_step", "mode", "random_init", "overrides")
+  plain = ("init_step", "mode", "random_init", "overrides", "pairs")
   return ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" if k in plain else k for k in keys)
 
 
@@ -147,7 +154,7 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
   started = _read_json(os.path.join(workdir, DEPENDS_FILE))
   before = result.get("depends_on", {}) if result is not None else started
   if os.path.isdir(workdir) and (result is not None or before is None or before != depends):
-    what = _differs(before or {}, depends) if before else "no record of what it was trained on"
+    what = differs(before or {}, depends) if before else "no record of what it was trained on"
     log(f"[downstream] {task.name} seed {seed}: {'result' if result is not None else 'run'} of another "
         f"model or config ({what}); training again (the old folder is {_move_aside(workdir)})")
   os.makedirs(workdir, exist_ok=True)
@@ -187,7 +194,8 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
   zeroshot = {}
   if zero:
     zeroshot["blimp"] = zeroshot_suite.run_blimp(init_from=init_from, source=source, out=out, fast=fast,
-                                                 random_init=random_init, data=data, log=log, pairs=blimp_pairs)
+                                                 random_init=random_init, data=data, log=log, pairs=blimp_pairs,
+                                                 identity=init_identity(init_from, random_init))
   results = {}
   for t in chosen:
     results[t.name] = [run_one(t, s, init_from=source, out=out, mode=mode, data=data, random_init=random_init,
@@ -202,3 +210,16 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
     f.write(table + "\n")
   log(table)
   return summary
+
+
+def run_with_baseline(init_from: str, out: str, log=say, **common) -> tuple[dict, dict]:
+  """The suite for the model (OUT) and for its random init (OUT/random_init), then both side by side
+  (OUT/baseline.txt): whether pretraining helped, task by task, at these budgets."""
+  from mlm_jax.finetuning import suite_report
+  model = run_suite(init_from, out, random_init=False, log=log, **common)
+  baseline = run_suite(init_from, os.path.join(out, "random_init"), random_init=True, log=log, **common)
+  table = suite_report.comparison_table(model, baseline)
+  with open(os.path.join(out, "baseline.txt"), "w", encoding="utf-8") as f:
+    f.write(table + "\n")
+  log(table)
+  return model, baseline

@@ -103,10 +103,15 @@ def crosslingual_table(summary: dict) -> list[str]:
   return lines
 
 
+def _header(summary: dict) -> str:
+  """The run's line: the model, and the fine-tuning mode and seeds only where tasks were fine-tuned."""
+  tuned = f"  mode={summary['mode']}  seeds={summary['num_seeds']}" if summary["tasks"] else "  (zero-shot only)"
+  return f"downstream suite: {summary['init_from']}{tuned}{'  RANDOM INIT' if summary['random_init'] else ''}"
+
+
 def format_table(summary: dict) -> str:
   """The printed report: a header, the task table and the zero-shot table."""
-  head = (f"downstream suite: {summary['init_from']}  mode={summary['mode']}  seeds={summary['num_seeds']}"
-          f"{'  RANDOM INIT' if summary['random_init'] else ''}")
+  head = _header(summary)
   lines = [head, ""] + main_table(summary)
   bl = blimp_table(summary)
   if bl:
@@ -118,4 +123,28 @@ def format_table(summary: dict) -> str:
     seen = summary["pretrain_languages"]
     lines += ["", f"zero-shot cross-lingual (fine-tuned on en; same metric; * = pretrained on, from "
                   f"{summary['pretrain_languages_from']}: {', '.join(seen) or 'none known'})"] + xl
+  return "\n".join(lines)
+
+
+def _scores(summary: dict) -> dict:
+  """{row: (label, score in %)}: each task's mean, each zero-shot task's overall and BLiMP's phenomena."""
+  out = {name: (METRIC_NAMES.get(r["metric"], r["metric"]), r["mean"]) for name, r in summary["tasks"].items()}
+  if summary["tasks"]:
+    out["average (fine-tuning)"] = ("", summary["average"])
+  for name, z in (summary.get("zeroshot") or {}).items():
+    out[name] = ("acc", 100 * z["overall"])
+    out.update({f"  {term}": ("acc", 100 * acc) for term, acc in z.get("phenomena", {}).items()})
+  return out
+
+
+def comparison_table(model: dict, baseline: dict) -> str:
+  """The model beside its own random init (`--baseline`): per task and BLiMP phenomenon, both scores and
+  the gain in points; the reader sees at once where pretraining helped at this budget and where not."""
+  a, b = _scores(model), _scores(baseline)
+  lines = [_header(model), f"beside: the same architecture and tokenizer with random weights, same budgets", "",
+           f"{'task':<36}{'metric':<10}{'model':>8}{'random init':>13}{'gain':>8}"]
+  for name, (metric, score) in a.items():
+    base = b.get(name, ("", None))[1]
+    gain = "-" if score is None or base is None else f"{score - base:+.1f}"
+    lines.append(f"{name:<36}{metric:<10}{_cell(score):>8}{_cell(base):>13}{gain:>8}")
   return "\n".join(lines)

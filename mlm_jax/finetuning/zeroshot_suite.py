@@ -47,20 +47,26 @@ def scorer_for(lm, whole_word: bool = False):
 
 
 def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str, log,
-              pairs: int = 0) -> dict:
+              pairs: int = 0, identity: dict | None = None) -> dict:
   """BLiMP's summary (evaluation/zeroshot.py) plus `seconds`, computed once and kept in OUT/blimp; the first
-  `pairs` pairs a paradigm (0: FAST_PAIRS with `fast`, else all)."""
+  `pairs` pairs a paradigm (0: FAST_PAIRS with `fast`, else all). A kept result is read back only when it
+  was computed from the same model (`identity`: folder, newest step, config) on the same pairs."""
   from mlm_jax.evaluation import zeroshot
+  from mlm_jax.finetuning.suite import differs
   where = blimp.folder(data)
   paradigms = blimp.read(where, pairs or (FAST_PAIRS if fast else 0))
   done = os.path.join(out, "blimp", RESULT_FILE)
   total = sum(len(p.good) for p in paradigms)
+  depends = dict(identity or {}, pairs=total)
   if os.path.exists(done):
     with open(done, encoding="utf-8") as f:
       result = json.load(f)
-    if result.get("pairs") == total:   # the same subset
+    if result.get("depends_on") == depends:
       log(f"[downstream] blimp: done before, accuracy {100 * result['overall']:.1f} (skipped)")
       return result
+    saved = result.get("depends_on")
+    what = differs(saved, depends) if saved else "no record of the model it scored"
+    log(f"[downstream] blimp: the kept result is of another model or subset ({what}); scoring again")
   try:
     lm = load_masked_lm(init_from, source, random_init)
   except UserError as e:
@@ -68,7 +74,7 @@ def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init:
   log(f"[downstream] blimp: started ({total} pairs, {len(paradigms)} paradigms)")
   scorer, params = scorer_for(lm)
   result = zeroshot.blimp(scorer, params, paradigms)
-  result.update(published=blimp.published(where), source=lm.source)
+  result.update(published=blimp.published(where), source=lm.source, depends_on=depends)
   os.makedirs(os.path.dirname(done), exist_ok=True)
   with open(done + ".tmp", "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, sort_keys=True)
