@@ -174,6 +174,8 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
     source, step = branch.check(config.branch_from, workdir)
     config.branch_from = f"{source}:{step}"
   objective.check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
+  for field in ("sources", "eval_sources"):   # and a malformed or repeated source name
+    specs.parse_named(config.data[field])
   if config.demo_corpus:
     provision.write_demo_corpus(workdir)
   tok = _pretraining_tokenizer(config, workdir)
