@@ -23,3 +23,8 @@ class CheckpointError(UserError):
 
 class ConversionError(UserError):
   """A Hugging Face folder or conversion request that cannot be honoured."""
+
+
+class NoMaskedLM(ConversionError):
+  """A model without an MLM head (a base or sentence-transformers model, an ELECTRA discriminator) asked
+  for masked-token predictions (fill-mask, pseudo-log-likelihood, BLiMP)."""

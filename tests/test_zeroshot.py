@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mlm_jax.errors import DataError, UserError
+from mlm_jax.errors import DataError, NoMaskedLM, UserError
 from mlm_jax.tasks import blimp
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "round2"
@@ -180,6 +180,6 @@ def test_bad_input_is_one_line(data, tmp_path, shared_data):
                                                  num_attention_heads=2, intermediate_size=32)).save_pretrained(base)
   for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
     shutil.copy(shared_data / "models" / "all-MiniLM-L6-v2" / name, base / name)
-  with pytest.raises(UserError, match=r"^blimp: .*base_model has no MLM head"):
+  with pytest.raises(NoMaskedLM, match=r"^blimp: .*base_model has no MLM head"):   # a UserError: one line
     zeroshot_suite.run_blimp(init_from=str(base), source=str(base), out=str(tmp_path / "o"), fast=True,
                              random_init=False, data=str(data), log=print)

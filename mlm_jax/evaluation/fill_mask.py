@@ -17,7 +17,7 @@ import ml_collections
 from mlm_jax.workdir import restore
 from mlm_jax.workdir import files as workdir_files
 from mlm_jax.convert import folders, tokenizer_files
-from mlm_jax.errors import UserError
+from mlm_jax.errors import NoMaskedLM, UserError
 from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.objectives import registry
 
@@ -52,7 +52,7 @@ def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
 
 def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
   if not mcfg.get("mlm_head", True):
-    raise UserError(f"{where} is an ELECTRA discriminator: it tells replaced tokens from original ones and has no "
+    raise NoMaskedLM(f"{where} is an ELECTRA discriminator: it tells replaced tokens from original ones and has no "
                     "MLM head to fill masks; use the generator (to_hf's OUT/generator, or the ELECTRA run's workdir)")
 
 
@@ -76,7 +76,7 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   sd, _ = folders.read_hf_weights(hf_dir)
   graphdef, params, fresh_head = folders.params_from_state_dict(sd, mcfg, hcfg["model_type"])
   if fresh_head:
-    raise folders.ConversionError(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
+    raise NoMaskedLM(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
                               "one; continue pretraining from it first (--config.init_from)")
   return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
 

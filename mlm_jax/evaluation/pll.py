@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mlm_jax.errors import UserError
+from mlm_jax.errors import NoMaskedLM, UserError
 from mlm_jax.model import sharding
 
 # Rows kept open for best fit while packing: enough that nearly every slot holds a token.
@@ -154,7 +154,7 @@ def max_len(model_cfg) -> int:
 
 def check_mlm_head(model_cfg, where: str) -> None:
   if not model_cfg.get("mlm_head", True):
-    raise UserError(f"{where}: the model has no MLM head (an ELECTRA discriminator); pseudo-log-likelihood "
+    raise NoMaskedLM(f"{where}: the model has no MLM head (an ELECTRA discriminator); pseudo-log-likelihood "
                     "needs the masked LM (the generator)")
 
 

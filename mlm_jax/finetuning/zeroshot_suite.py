@@ -69,10 +69,10 @@ def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init:
     log(f"[downstream] blimp: the kept result is of another model or subset ({what}); scoring again")
   try:
     lm = load_masked_lm(init_from, source, random_init)
+    scorer, params = scorer_for(lm)
   except UserError as e:
-    raise UserError(f"blimp: {e}") from None
+    raise type(e)(f"blimp: {e}") from None
   log(f"[downstream] blimp: started ({total} pairs, {len(paradigms)} paradigms)")
-  scorer, params = scorer_for(lm)
   result = zeroshot.blimp(scorer, params, paradigms)
   result.update(published=blimp.published(where), source=lm.source, depends_on=depends)
   os.makedirs(os.path.dirname(done), exist_ok=True)
