@@ -10,7 +10,8 @@ mask rate 30% -> 15% -> 5%, language-sampling exponent 0.7 -> 0.5 -> 0.3, and la
   python -m mlm_jax.train --config=configs/mmbert_like.py:demo --workdir=/tmp/mmbert_demo/run
   python -m mlm_jax.train --config=configs/mmbert_like.py:demo_phases --workdir=/tmp/mmbert_demo/phases   # as phases
   python -m mlm_jax.train --config=configs/mmbert_like.py --workdir=gs://BUCKET/mmbert_base   # full size
-  # other store: --config.data.sources="('store:/data/store/mmbert',)"
+  # other store: --config=configs/mmbert_like.py:demo,store=/data/store/mmbert (or :phases,store=...: the
+  # phases name the store too)
 
 Hardware: `demo`: any 2-core CPU, 300 steps of 32 x 64 tokens, a 2-layer 64-wide encoder, a few minutes
 (plus ~1 min for the tokenizer and ~1 min to prepare the store). Full size: a TPU v5p-128 slice or 64+ GPUs
@@ -26,8 +27,10 @@ inverse-temperature exponents; its 60 -> 110 -> 1833 languages become 8 -> 11 ->
 first: en de fr es it ru zh ja, then uk el vi, then bn hy mr). mmBERT's encoder is ModernBERT; this file
 keeps the post-LN XLM-R layout so that the result converts to transformers' XLMRobertaForMaskedLM.
 `:phases` / `:demo_phases` run the same three phases as config.phases (docs/phases.md): each its own
-mask rate, alpha and languages, with a linear decay of the learning rate in the last (mmBERT's decay
-phase); merge its checkpoints with tools/merge_checkpoints.py.
+mask rate, alpha and languages (its data.sources name the store's sources it trains on,
+`store:DIR:en,de,...`), a constant learning rate after the warmup and a linear decay to 0 in the last
+(mmBERT's decay phase);
+merge its checkpoints with tools/merge_checkpoints.py. Measured (`:demo_phases`): docs/phases.md.
 Differences: in `:demo` / `:base` one learning-rate schedule spans the phases (mmBERT re-warms and
 decays per phase).
 """
@@ -50,7 +53,7 @@ ALPHAS = (0.7, 0.5, 0.3)
 
 
 def get_config(size="base"):
-  size = size or "base"
+  size, _, store = (size or "base").partition(",store=")   # `:demo_phases,store=DIR`: another store
   phased = size.endswith("phases")   # `phases` (full size) or `demo_phases`: the same recipe as config.phases
   size = {"phases": "base", "demo_phases": "demo"}.get(size, size)
   demo = size == "demo"
@@ -64,7 +67,8 @@ def get_config(size="base"):
   c.data.mix_alpha = ALPHAS[0]
   c.data.mix_alpha_schedule = tuple(f"{s}:{a}" for s, a in zip(starts, ALPHAS))
   c.data.source_start_steps = tuple(f"{lang}={s}" for stage, s in zip(STAGES, starts[1:]) for lang in stage)
-  c.data.sources = ("store:/tmp/mmbert_demo/store",) if demo else ("store:/data/store/mmbert",)
+  store = store or ("/tmp/mmbert_demo/store" if demo else "/data/store/mmbert")
+  c.data.sources = (f"store:{store}",)
   c.data.packing = "concat"
   c.tokenizer.layout = "xlmr"
   if demo:
@@ -90,19 +94,28 @@ def get_config(size="base"):
   return c
 
 
-NEVER = 10**15   # a source start no phase reaches: the language waits for a later phase
+def stage_languages() -> list[list[str]]:
+  """The languages each phase trains on: those started so far (largest first, then STAGES)."""
+  later = [lang for stage in STAGES for lang in stage]
+  first = [spec.split("=")[0] for spec in SOURCES if spec.split("=")[0] not in later]
+  return [first, first + list(STAGES[0]), first + list(STAGES[0]) + list(STAGES[1])]
 
 
 def _phases(c, starts, steps):
-  """The three phases as config.phases: each its own mask rate, alpha and languages, the last one
-  decaying the learning rate linearly to 0 (mmBERT's decay phase); eval at 15% masking is lost here
-  (each phase evaluates at its own rate)."""
+  """The three phases as config.phases: each its own mask rate, alpha and languages (its data.sources:
+  the store's sources of the languages started so far, `store:DIR:en,de,...`), the last one decaying
+  the learning rate linearly to 0 (mmBERT's decay phase) from the rate the first two hold after the
+  warmup (warmup-stable-decay: the decay starts where the stable rate is, with no jump). Each phase
+  evaluates on its own languages' held-out rows at its own mask rate (not at 15% on all 14, as `:demo`
+  does)."""
   c.masking.mask_rate_schedule, c.data.mix_alpha_schedule, c.data.source_start_steps = (), (), ()
-  later = [lang for stage in STAGES for lang in stage]
-  waiting = (later, list(STAGES[1]), [])
+  c.optimizer.schedule = "constant"
+  store = c.data.sources[0]
   ends = (*starts[1:], steps)
   c.phases = tuple(
       {"name": name, "end_step": end, "masking.mask_rate": rate, "data.mix_alpha": alpha,
-       "data.source_start_steps": tuple(f"{lang}={NEVER}" for lang in wait),
+       "data.sources": (f"{store}:{','.join(langs)}",),
        **({"optimizer.schedule": "linear", "optimizer.warmup_steps": 0} if name == "decay" else {})}
-      for name, end, rate, alpha, wait in zip(("pretrain", "mid", "decay"), ends, MASK_RATES, ALPHAS, waiting))
+      for name, end, rate, alpha, langs in zip(("pretrain", "mid", "decay"), ends, MASK_RATES, ALPHAS,
+                                               stage_languages()))
+  c.data.sources = c.phases[0]["data.sources"]

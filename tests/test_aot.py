@@ -137,8 +137,10 @@ def test_two_slices_put_data_across_the_dcn_and_name_the_collectives_that_cross_
 
 
 
-def test_a_run_in_phases_reports_every_phase():
-  """configs/demo.py:phases: one fit report per phase, at that phase's sequence length; and the phased
+def test_a_run_in_phases_reports_every_phase_and_goes_on_after_one_that_cannot_be_placed():
+  """configs/demo.py:phases: one fit report per phase, at that phase's sequence length; a phase whose batch
+  does not split over the 4 chips of v5e:2x2 is reported as not placeable (why, what would place it), and
+  the phase after it is still compiled; the summary names every phase. And the phased
   configs/modernbert_base.py splits into its six phases' shapes (compiled per phase the same way)."""
   spec = importlib.util.spec_from_file_location("aot_tool", REPO / "tools" / "aot_compile.py")
   tool = importlib.util.module_from_spec(spec)
@@ -149,10 +151,32 @@ def test_a_run_in_phases_reports_every_phase():
   shapes = [(name, c.train.batch_size, c.data.seq_len, c.model.rope_theta)
             for name, c in tool._phase_configs(recipe.get_config())]
   assert shapes == [("batch768", 768, 1024, 1e4), ("batch1536", 1536, 1024, 1e4), ("batch3072", 3072, 1024, 1e4),
-                    ("pretrain", 4608, 1024, 1e4), ("extend", 576, 8192, 1.6e5), ("decay", 576, 8192, 1.6e5)]
+                    ("pretrain", 4608, 1024, 1e4), ("extend", 512, 8192, 1.6e5), ("decay", 512, 8192, 1.6e5)]
+  assert all(b % 256 == 0 for _, b, _, _ in shapes)   # every phase splits over slices of up to 256 chips
   args = [a.replace("configs/demo.py", "configs/demo.py:phases") for a in TINY if "seq_len" not in a]
-  p = _tool(*args, "--config.model.num_layers=1", "--topology=v5e:2x2", "--config.train.batch_size=16", "--json")
-  assert p.returncode == 0, p.stdout + p.stderr[-3000:]
-  reports = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-  assert [(r["phase"], r["seq_len"]) for r in reports] == [("pretrain", 32), ("extend", 64), ("decay", 64)]
-  assert all(r["fits"] for r in reports)
+  phases = ("({'name':'pretrain','end_step':4},{'name':'extend','end_step':8,'data.seq_len':64,"
+            "'train.batch_size':18},{'name':'decay','end_step':12,'train.batch_size':16})")
+  p = _tool(*args, "--config.model.num_layers=1", "--topology=v5e:2x2", "--config.train.batch_size=16",
+            f"--config.phases={phases}")
+  assert p.returncode == 1, p.stdout + p.stderr[-3000:]
+  assert "demo [pretrain] on v5e:2x2: 4 x TPU v5 lite" in p.stdout and "batch 16 x 32 (4 per device)" in p.stdout
+  assert "demo [decay] on v5e:2x2: 4 x TPU v5 lite" in p.stdout and "batch 16 x 64 (4 per device)" in p.stdout
+  summary = p.stdout.split("\nsummary:\n")[1].strip().splitlines()
+  assert [line.split(":")[0].strip() for line in summary] == ["fits", "not placeable on this topology", "fits"], summary
+  unplaced = ("not placeable on this topology: demo [extend] on v5e:2x2: train.batch_size=18 is not divisible by "
+              "the batch axes data*fsdp=4")
+  assert summary[1].strip().startswith(unplaced), summary
+  assert "--config.train.batch_size=16 or --config.train.batch_size=20" in summary[1]
+  assert "--config.mesh.tensor=2 (data*fsdp=2 divides 18)" in summary[1]
+  assert [line for line in p.stderr.splitlines() if line.startswith("not placeable")] == [summary[1].strip()]
+
+
+def test_table_rows_of_a_phase_that_cannot_be_placed():
+  r = dict(config="modernbert_base", phase="extend", topology="v5p:4x4x8", num_slices=1, fits=False, placeable=False,
+           reason="train.batch_size=576 is not divisible by ...", advice="...")
+  row = aot.table_row(r)
+  assert row.startswith("| modernbert_base [extend] | `v5p:4x4x8` |") and "| **not placeable** |" in row
+  assert row.count("|") == aot.TABLE_HEADER.splitlines()[0].count("|")
+  row = aot.multislice_row(dict(r, num_slices=2))
+  assert row.startswith("| modernbert_base [extend] | 2 x `v5p:4x4x8` |") and "| **not placeable** |" in row
+  assert row.count("|") == aot.MULTISLICE_HEADER.splitlines()[0].count("|")

@@ -121,3 +121,33 @@ def test_mmbert_like_config_phases():
     assert masking.max_predictions(c.masking, c.data.seq_len, "cpu") == -(-3 * c.data.seq_len // 10)
     assert {s.split("=")[0] for s in mod.SOURCES} == set(mod.STAGES[0] + mod.STAGES[1]) | {
         "en", "de", "fr", "es", "it", "ru", "zh", "ja"}
+
+
+def test_mmbert_like_phases_stage_languages_through_each_phase_sources():
+  """`:demo_phases` / `:phases`: 8 -> 11 -> 14 languages, each phase's data.sources naming the store's
+  sources it trains on; mask rate and alpha per phase, no step curricula; `,store=DIR` moves every phase."""
+  import importlib.util
+  from subproc import REPO
+  from mlm_jax.config import phases as phases_lib
+  from mlm_jax.data.store import shards
+  spec = importlib.util.spec_from_file_location("mmbert_like", REPO / "configs" / "mmbert_like.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  every = sorted(s.split("=")[0] for s in mod.SOURCES)
+  for variant, store, ends in (("demo_phases", "/tmp/mmbert_demo/store", [100, 200, 300]),
+                               ("phases,store=/data/mm", "/data/mm", [770_000, 970_000, 1_000_000])):
+    c = mod.get_config(variant)
+    parsed = phases_lib.parse(c)
+    assert [p.end for p in parsed] == ends
+    configs = [phases_lib.config_of(c, parsed, k) for k in range(3)]
+    stores = [shards.parse_store_spec(x.data.sources[0]) for x in configs]
+    assert {root for root, _ in stores} == {store} and all(len(x.data.sources) == 1 for x in configs)
+    langs = [names for _, names in stores]
+    assert [len(x) for x in langs] == [8, 11, 14] and sorted(langs[2]) == every
+    assert set(langs[1]) - set(langs[0]) == set(mod.STAGES[0]) and set(langs[2]) - set(langs[1]) == set(mod.STAGES[1])
+    assert [x.masking.mask_rate for x in configs] == [0.3, 0.15, 0.05]
+    assert [x.data.mix_alpha for x in configs] == [0.7, 0.5, 0.3]
+    assert not any(x.masking.mask_rate_schedule or x.data.mix_alpha_schedule or x.data.source_start_steps
+                   for x in configs)
+    assert [x.optimizer.schedule for x in configs] == ["constant", "constant", "linear"]
+    assert c.data.sources == configs[0].data.sources

@@ -450,6 +450,19 @@ def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):
   assert run(2) == ("next", 8)
 
 
+@pytest.mark.parametrize("packing", ["concat", "segmented"])
+def test_an_index_cache_is_used_again_without_a_warning(store, tmp_path, caplog, packing):
+  """The second pipeline on the same store, split, sequence length and packing (a resumed run, the next
+  phase of a run in phases) reads the first one's index as it is; concat pieces carry the BOS and EOS
+  of their document, which the check allows for."""
+  c = _cfg(store, tmp_path, packing=packing)
+  want = next(_pipe(c, tmp_path))
+  with caplog.at_level("WARNING"):
+    got = next(_pipe(c, tmp_path))
+  assert all((got[k] == want[k]).all() for k in loader.FEATURES)
+  assert not [r.getMessage() for r in caplog.records if "index cache" in r.getMessage()]
+
+
 def test_index_cache_is_private_and_checked(store, tmp_path, monkeypatch, caplog):
   """The default index cache is this user's (uid in the name, mode 0700; another user's is refused);
   a folder whose key.json names another index, a truncated array, or arrays that point past the

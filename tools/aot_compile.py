@@ -14,7 +14,10 @@
 Needs libtpu (`pip install -e '.[tpu]'`), not a TPU. Prints per device memory against HBM, FLOPs and
 XLA's step time (what each figure means: docs/design_notes.md#toolsaot_compilepy). Exit status: 0 when
 the step fits on every topology given, 1 when it does not fit on one (with a one-line "does not fit:
-..." on stderr saying by how much and what would help), 2 when it could not be checked.
+..." on stderr saying by how much and what would help) or cannot be placed there (a "not placeable:
+..." line: the global batch does not split over the chips), 2 when it could not be checked. A run in
+phases is checked phase by phase; a phase that does not fit or cannot be placed does not stop the
+others, and a summary at the end has one line per phase and topology.
 With --num_slices > 1 it adds the collectives crossing the data-center network and their time at the
 chip's DCN bandwidth (--dcn_gbps); --json writes one JSON line per topology.
 """
@@ -48,7 +51,7 @@ def _table(path: str) -> None:
   multi = any(r.get("num_slices", 1) > 1 for r in reports)
   print(aot.MULTISLICE_HEADER if multi else aot.TABLE_HEADER)
   # Whatever order the lines were written in: by config, then slice size.
-  for r in sorted(reports, key=lambda r: (r.get("config", ""), r["devices"], r["topology"])):
+  for r in sorted(reports, key=lambda r: (r.get("config", ""), r.get("devices", 0), r["topology"])):
     print(aot.multislice_row(r) if multi else aot.table_row(r))
 
 
@@ -75,31 +78,38 @@ def main(argv):
   if _CONFIG.value is None or not _TOPOLOGY.value:
     raise app.UsageError("--config and --topology are required (or --table=FILE)")
   name = aot.config_name(flags.FLAGS["config"].config_filename)
-  misfits = []
   try:
     variants = _phase_configs(_CONFIG.value)
   except UserError as e:
     runtime.report_user_error(e)
     sys.exit(2)
+  verdicts, misfits = [], []
   for topology in _TOPOLOGY.value:
     for phase, config in variants:   # a run in phases: each phase's step (its shapes) is its own fit
       label = f"{name} [{phase}]" if phase else name
       try:
         report = aot.compile_train_step(config, topology, _NUM_SLICES.value, _DCN_GBPS.value)
+      except aot.NotPlaceable as e:   # this phase cannot run on this slice; the others are still checked
+        report = dict(topology=topology, num_slices=_NUM_SLICES.value, fits=False, placeable=False,
+                      reason=e.reason, advice=e.advice)
       except UserError as e:   # AotError and the config checks: one line, no traceback
         runtime.report_user_error(e)
         sys.exit(2)
       report["config"] = name
       if phase:
         report["phase"] = phase
-      print(json.dumps(report) if _JSON.value else aot.format_text(report, label), flush=True)
+      line = aot.summary_line(report, label)
+      print(json.dumps(report) if _JSON.value else
+            aot.format_text(report, label) if report.get("placeable", True) else line, flush=True)
+      verdicts.append(line)
       if not report["fits"]:
-        misfits.append(aot.summary_line(report, label))
+        misfits.append(line)
+  if len(verdicts) > 1 and not _JSON.value:   # every phase and topology, also after one that failed
+    print("\nsummary:\n" + "\n".join(f"  {v}" for v in verdicts))
   for line in misfits:
     print(line, file=sys.stderr)
   if misfits:
     sys.exit(1)
-
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")   # never take an attached accelerator: all work is compiling

@@ -132,7 +132,7 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
   resolve.check_positions(lm.model_config, seq_len, "--seq_len")
   kcfg = default_config().masking
   if workdir:
-    run = workdir_files.read_config(workdir)
+    run = workdir_files.config_at(workdir, step)
     if run.kind == "pretraining":
       kcfg.update({k: v for k, v in run.masking.to_dict().items() if k in kcfg})
   tok = lm.tokenizer

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlm_jax.config import step_values
 from mlm_jax.errors import ConfigError
 
 
@@ -66,10 +67,11 @@ def max_mask_rate(masking_cfg) -> float:
 
 
 def mask_rate(masking_cfg, step, traced: bool = False):
-  """masking.mask_rate, or its schedule's value at `step`."""
+  """masking.mask_rate (inside a trainer's step: its bound value, config/step_values.py), or its
+  schedule's value at `step`."""
   steps, values = mask_rate_phases(masking_cfg)
   if not values.size or step is None:
-    return masking_cfg.mask_rate
+    return step_values.get("masking.mask_rate", masking_cfg.mask_rate)
   mode = masking_cfg.get("mask_rate_schedule_mode", "constant")
   return (value_at_traced if traced else value_at)(steps, values, step, mode)
 

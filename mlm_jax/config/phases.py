@@ -27,6 +27,7 @@ MUTABLE = frozenset({
 # Optimizer fields that make a phase's own learning-rate segment (phases without them follow the run's schedule).
 LR_FIELDS = frozenset(k for k in MUTABLE if k.startswith("optimizer."))
 _KEYS = ("name", "end_step", "end_tokens")
+_RECORD_KEYS = ("start_step", "values")   # what `recorded` adds to a phase (config.json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _value(v):
 def _overrides(config, i: int, entry: dict) -> dict:
   name, out = entry.get("name"), {}
   for key, value in entry.items():
-    if key in _KEYS or key in ("start_step",):
+    if key in _KEYS or key in _RECORD_KEYS:
       continue
     section, _, field = key.partition(".")
     if not field or section not in config or not isinstance(config[section], ml_collections.ConfigDict) \
@@ -170,8 +171,42 @@ def index_at(phases: list[Phase], step: int) -> int:
   return phases[-1].index
 
 
-def recorded(phases: list[Phase]) -> tuple:
+def recorded(phases: list[Phase], configs: list) -> tuple:
   """The phases as a resolved config (and config.json) records them: each a tuple of (key, value)
-  pairs (a frozen config holds no dicts in tuples), with its start and end step."""
-  return tuple((("name", p.name), ("start_step", p.start), ("end_step", p.end), *p.overrides.items())
-               for p in phases)
+  pairs (a frozen config holds no dicts in tuples), with its start and end step, its own overrides and
+  `values`: its value of every "section.field" that differs between the phases' resolved `configs`
+  (derived ones too, e.g. the prediction slots). config.json's sections are the last phase's; with
+  `values`, `at_step` rebuilds any phase's config from it."""
+  differ = _differing_fields(configs)
+  return tuple((("name", p.name), ("start_step", p.start), ("end_step", p.end), *p.overrides.items(),
+                ("values", tuple((key, c[key.split(".")[0]][key.split(".")[1]]) for key in differ)))
+               for p, c in zip(phases, configs))
+
+
+def _differing_fields(configs: list) -> list[str]:
+  first, out = configs[0], []
+  for section, fields in first.items():
+    if not isinstance(fields, ml_collections.ConfigDict):
+      continue
+    for field, value in fields.items():
+      if not isinstance(value, ml_collections.ConfigDict) and any(c[section].get(field) != value for c in configs[1:]):
+        out.append(f"{section}.{field}")
+  return out
+
+
+def at_step(config: ml_collections.ConfigDict, step: int) -> ml_collections.ConfigDict:
+  """The config of the phase that trained checkpoint `step` (its last step, step - 1, is that phase's),
+  from a config as config.json records it (the last phase's sections and the recorded phases); a run
+  without phases: `config` itself. Phases recorded before `values` existed give their own overrides of
+  phases 0..k (a field only a later phase set keeps the last phase's value)."""
+  entries = _entries(config)
+  if not entries:
+    return config
+  k = next((i for i, e in enumerate(entries) if step <= int(e["end_step"])), len(entries) - 1)
+  out = ml_collections.ConfigDict(config.to_dict())
+  if "values" in entries[k]:
+    apply(out, {key: _value(v) for key, v in entries[k]["values"]})
+  else:
+    for e in entries[:k + 1]:
+      apply(out, {key: _value(v) for key, v in e.items() if key not in _KEYS and key not in _RECORD_KEYS})
+  return out

@@ -112,7 +112,7 @@ def state_dict(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, k
 
 def restore_pair(workdir: str, step: int | None = None):
   """(config, pair params on one device, step) of an ELECTRA workdir."""
-  config = workdir_files.read_config(workdir)
+  config = workdir_files.config_at(workdir, step)
   _, abstract = electra_model.abstract_pair(config)
   params, step = checkpoints.restore_params(workdir, checkpoints.single_device(abstract), step)
   return config, params, step

@@ -53,7 +53,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   average of the parameters (train.ema_decay) instead of the parameters."""
   from safetensors.numpy import save_file
   _check_out(out, overwrite)
-  config = workdir_files.read_config(workdir)
+  config = workdir_files.config_at(workdir, step)
   objective = registry.for_config(config)
   own = None if ema else objective.to_hf(workdir, out, step, arch)   # an objective with its own transformers classes (ELECTRA)
   if own is not None:

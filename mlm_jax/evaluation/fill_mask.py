@@ -35,7 +35,7 @@ class MaskedLM:
 
 def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
   """The run's masked LM: the tower its objective names (ELECTRA: the generator), from the latest or `step`."""
-  config = workdir_files.read_config(workdir)
+  config = workdir_files.config_at(workdir, step)
   objective = registry.for_config(config)
   path, mcfg = objective.masked_lm(config)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), mcfg.vocab_size)

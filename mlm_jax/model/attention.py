@@ -119,11 +119,14 @@ class Context:
   """What every layer's attention needs, built once per forward pass.
 
   `masks` maps a window (0 = global) to its dense [B, 1, S, S] mask; only the xla path has any.
+  `rope_thetas`: {"global", "local"} RoPE thetas as values of the step (config/step_values.py), or None:
+  each layer's config constant.
   """
   segment_ids: jax.Array
   masks: dict
   impl: str = struct.field(pytree_node=False)
   mesh: Any = struct.field(pytree_node=False, default=None)
+  rope_thetas: Any = None
 
 
 def dense_mask(segment_ids, window: int = 0):
@@ -136,7 +139,8 @@ def dense_mask(segment_ids, window: int = 0):
   return mask[:, None]
 
 
-def make_context(cfg: ml_collections.ConfigDict, segment_ids, mesh=None, training: bool = False) -> Context:
+def make_context(cfg: ml_collections.ConfigDict, segment_ids, mesh=None, training: bool = False,
+                 rope_thetas=None) -> Context:
   """The resolved implementation (an `auto` still in the config is resolved here) and its masks."""
   impl = cfg.attention_impl or "auto"
   if impl == "auto":
@@ -148,7 +152,7 @@ def make_context(cfg: ml_collections.ConfigDict, segment_ids, mesh=None, trainin
   if impl == "xla":
     windows = {layer_window(cfg, i) for i in range(cfg.num_layers)}
     masks = {w: dense_mask(segment_ids, w) for w in sorted(windows)}
-  return Context(segment_ids=segment_ids, masks=masks, impl=impl, mesh=mesh)
+  return Context(segment_ids=segment_ids, masks=masks, impl=impl, mesh=mesh, rope_thetas=rope_thetas)
 
 
 def fused(q, k, v, ctx: Context, window: int):

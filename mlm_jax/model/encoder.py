@@ -14,7 +14,7 @@ from flax import nnx
 import ml_collections
 
 from mlm_jax.model import attention
-from mlm_jax.config import choices
+from mlm_jax.config import choices, step_values
 from mlm_jax.errors import ConfigError
 
 # Structure switches added for ModernBERT. config.json files written before them lack them and mean
@@ -154,7 +154,8 @@ class Attention(nnx.Module):
 
     q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
     if self.rotary:
-      q, k = rotary(q, positions, self.rope_theta), rotary(k, positions, self.rope_theta)
+      theta = self.rope_theta if ctx.rope_thetas is None else ctx.rope_thetas["local" if self.window else "global"]
+      q, k = rotary(q, positions, theta), rotary(k, positions, theta)
     if key is None or self.dropout_rate <= 0.0:
       out = attention.fused(q, k, v, ctx, self.window)
     else:
@@ -264,6 +265,14 @@ def layer_layout(cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
 def abstract_model(model_cfg: ml_collections.ConfigDict):
   """The encoder's (graphdef, parameter shapes), without allocating anything."""
   return nnx.split(nnx.eval_shape(lambda: Encoder(model_cfg)), nnx.Param)
+
+
+def _bound_thetas(cfg: ml_collections.ConfigDict):
+  """The RoPE thetas bound for the step being traced (config/step_values.py), or None (the constants)."""
+  theta = step_values.get("model.rope_theta", None)
+  if cfg.positions != "rotary" or theta is None:
+    return None
+  return {"global": theta, "local": step_values.get("model.rope_theta_local", cfg.rope_theta_local)}
 
 
 def _remat_policy(remat: str):
@@ -379,7 +388,8 @@ class Encoder(nnx.Module):
       x = x @ self.embeddings_project_kernel[...].astype(dtype) + self.embeddings_project_bias[...].astype(dtype)
     x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
     mesh = None if activation_sharding is None else activation_sharding.mesh
-    ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None)
+    ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None,
+                                 rope_thetas=_bound_thetas(cfg))
     layer_fn = Layer.__call__
     if cfg.remat != "none":
       layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))

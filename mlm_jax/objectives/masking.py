@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax.config import choices, curricula
+from mlm_jax.config import choices, curricula, step_values
 from mlm_jax.errors import ConfigError
 
 MODES = choices.CHOICES["masking.mode"]
@@ -161,8 +161,9 @@ def _random_tokens(key, shape, vocab_size, special_ids):
 
 
 def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_slots, rate=None):
-  """One sequence: select, corrupt 80/10/10, and emit prediction slots (`rate`: default cfg.mask_rate)."""
-  rate = cfg.mask_rate if rate is None else rate
+  """One sequence: select, corrupt 80/10/10, and emit prediction slots (`rate`: default cfg.mask_rate, or
+  its value bound for the step being traced, config/step_values.py)."""
+  rate = step_values.get("masking.mask_rate", cfg.mask_rate) if rate is None else rate
   k_sel, k_how, k_rand = jax.random.split(key, 3)
   cand = _candidates(input_ids, segment_ids, tuple(cfg.special_ids) + (cfg.mask_id,))
   if cfg.mode == "token":

@@ -26,6 +26,16 @@ class AotError(UserError):
   """A config or topology problem the user can fix; the tools print it as one line."""
 
 
+class NotPlaceable(AotError):
+  """The step's global batch cannot be split over the mesh's batch axes on this topology: a verdict
+  about this config on this slice (like not fitting), not a broken command. `advice` says what would
+  place it."""
+
+  def __init__(self, reason: str, advice: str, topology: str):
+    super().__init__(f"not placeable on {topology}: {reason}; try {advice}")
+    self.reason, self.advice = reason, advice
+
+
 # Data-center network bandwidth per chip, Gbit/s (Cloud TPU system architecture pages: v5p 50; v5e two
 # 100 Gbit/s NICs per 8-chip host). Others: --dcn_gbps.
 DCN_GBPS_PER_CHIP = {"TPU v5": 50.0, "TPU v5 lite": 25.0}
@@ -157,8 +167,8 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
   n = len(devices)
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   if b % shards:
-    raise AotError(f"train.batch_size={b} is not divisible by the batch axes data*fsdp={shards} "
-                   f"of the mesh {dict(mesh.shape)} on {topology}")
+    raise NotPlaceable(f"train.batch_size={b} is not divisible by the batch axes data*fsdp={shards} of the mesh "
+                       f"{dict(mesh.shape)}", placement_advice(b, shards), topology)
   if int(config.optimizer.grad_accum_steps) > 1:
     notes.append("optimizer.grad_accum_steps > 1: XLA's cost analysis does not count every iteration of "
                  "the microbatch loop, so its FLOPs, optimal time and the MFU bound are too low")
@@ -228,6 +238,18 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
   return report
 
 
+def placement_advice(batch: int, shards: int) -> str:
+  """The nearest global batches that split over `shards` batch shards, and the tensor axis that would
+  leave a data*fsdp dividing `batch` (it applies to the whole run: the mesh is the run's)."""
+  lower, upper = batch // shards * shards, (batch // shards + 1) * shards
+  sizes = " or ".join(f"--config.train.batch_size={x}" for x in (lower, upper) if x > 0)
+  tips = [f"{sizes} (a multiple of {shards}; in a run in phases, that phase's train.batch_size)"]
+  tensor = shards // math.gcd(batch, shards)
+  if tensor < shards:
+    tips.append(f"--config.mesh.tensor={tensor} (data*fsdp={shards // tensor} divides {batch})")
+  return "; ".join(tips)
+
+
 def dcn_report(compiled, slices: int, kind: str, per_chip: int, dcn_gbps: float = 0.0) -> dict:
   """The compiled program's collectives by kind, those crossing slices, and the DCN seconds per step."""
   from mlm_jax.training import hlo_collectives
@@ -269,10 +291,13 @@ def advice(report: dict, config: ml_collections.ConfigDict) -> str:
 
 
 def summary_line(report: dict, config_name: str = "") -> str:
-  """The one-line verdict: fits with how much headroom, or over by how much and what would help."""
+  """The one-line verdict: fits with how much headroom, over by how much and what would help, or not
+  placeable on this topology (why, and what would place it)."""
   gib = lambda x: f"{x / GIB:.2f} GiB"
   topology = (f"{report['num_slices']} x " if report.get("num_slices", 1) > 1 else "") + report["topology"]
   where = f"{config_name} on {topology}" if config_name else topology
+  if not report.get("placeable", True):
+    return f"not placeable on this topology: {where}: {report['reason']}; try {report['advice']}"
   if report["fits"]:
     return (f"fits: {where} needs {gib(report['total_bytes'])} per device of {gib(report['hbm_bytes'])} HBM "
             f"({gib(report['hbm_bytes'] - report['total_bytes'])} free)")
@@ -360,12 +385,14 @@ MULTISLICE_HEADER = ("| config | slices x topology | mesh d/f/t | DCN d/f/t | ba
 
 def multislice_row(report: dict) -> str:
   """One markdown row of the multi-slice table from a report (as written by `--json`)."""
+  if not report.get("placeable", True):
+    return _unplaced_row(report, MULTISLICE_HEADER)
   axes = ("data", "fsdp", "tensor")
   total = ("≥ " if report.get("total_is_lower_bound") else "") + f"{report['total_bytes'] / GIB:.1f}"
   kinds = report.get("collectives") or {}
   coll = ", ".join(f"{k} {v['count']}/{v['cross_slice']}" for k, v in kinds.items())
   dcn_ms = report.get("dcn_seconds")
-  cells = [report.get("config", ""), f"{report.get('num_slices', 1)} x `{report['topology']}`",
+  cells = [_config_cell(report), f"{report.get('num_slices', 1)} x `{report['topology']}`",
            "/".join(str(report["mesh"][a]) for a in axes),
            "/".join(str(report.get("dcn_mesh", {}).get(a, 1)) for a in axes), str(report["batch_per_device"]),
            f"{total} / {report['hbm_bytes'] / GIB:.1f}", "yes" if report["fits"] else "**no**", coll,
@@ -376,14 +403,28 @@ def multislice_row(report: dict) -> str:
   return "| " + " | ".join(cells) + " |"
 
 
+def _config_cell(report: dict) -> str:
+  return report.get("config", "") + (f" [{report['phase']}]" if report.get("phase") else "")
+
+
+def _unplaced_row(report: dict, header: str) -> str:
+  """A row for a step that cannot be placed on the topology: the verdict in the `fits` column."""
+  names = [c.strip() for c in header.splitlines()[0].strip("|").split("|")]
+  topology = (f"{report.get('num_slices', 1)} x " if "slices" in names[1] else "") + f"`{report['topology']}`"
+  cells = {"config": _config_cell(report), names[1]: topology, "fits": "**not placeable**"}
+  return "| " + " | ".join(cells.get(n, "") for n in names) + " |"
+
+
 def table_row(report: dict) -> str:
   """One markdown row from a report (as written by `--json`)."""
+  if not report.get("placeable", True):
+    return _unplaced_row(report, TABLE_HEADER)
   g = lambda x: f"{x / GIB:.1f}"
   mesh = "/".join(str(report["mesh"][a]) for a in ("data", "fsdp", "tensor"))
   compiled = "argument_bytes" in report   # else XLA refused it: only temporaries (maybe) are known
   total = ("≥ " if report.get("total_is_lower_bound") else "") + g(report["total_bytes"])
   temps = g(report["temp_bytes"]) if "temp_bytes" in report else "?"
-  cells = [report.get("config", ""), f"`{report['topology']}`", mesh, str(report["batch_per_device"]),
+  cells = [_config_cell(report), f"`{report['topology']}`", mesh, str(report["batch_per_device"]),
            g(report["state_bytes"]), temps, f"{total} / {g(report['hbm_bytes'])}",
            "yes" if report["fits"] else "**no**",
            f"{report['xla_flops_per_device'] / 1e12:.2f}" if compiled and not report.get("scan_layers")

@@ -1,8 +1,11 @@
 """The phases of one run as the loop enters them: each phase's trainer, input and evaluators.
 
 A phase's step is compiled once per distinct program (model, masking, batch and sequence shape);
-consecutive phases that differ only in data or learning rate share it, since the learning rate is one
-schedule over the whole run (optim.phased_schedule). The train state carries over unchanged.
+phases that differ only in data, learning rate, RoPE theta or mask rate share it: the learning rate is
+one schedule over the whole run (optim.phased_schedule), and RoPE theta and the mask rate are values
+passed to the step (config/step_values.py), not constants of it. A different mask rate usually means a
+different number of prediction slots (masking.max_predictions), a shape: that compiles. The train state
+carries over unchanged.
 Inputs are built when a phase begins, with the data seed + the phase index. See docs/phases.md.
 """
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Callable
 import ml_collections
 from absl import logging
 
-from mlm_jax.config import phases as phases_lib
+from mlm_jax.config import phases as phases_lib, step_values
 from mlm_jax.training import optim, trainer as trainer_lib
 
 
@@ -38,11 +41,13 @@ class PhaseParts:
     return self.phase.end
 
 
-def _program_key(config) -> str:
-  """What the jitted step depends on besides the (shared) schedule."""
-  keep = dict(model=config.model.to_dict(), masking=config.masking.to_dict(), batch=config.train.batch_size,
-              seq_len=config.data.seq_len, packing=config.data.packing,
-              optimizer={k: v for k, v in config.optimizer.to_dict().items() if f"optimizer.{k}" not in phases_lib.LR_FIELDS})
+def program_key(config) -> str:
+  """What the jitted step depends on besides the (shared) schedule and the step values."""
+  def section(name, skip):
+    return {k: v for k, v in config[name].to_dict().items() if f"{name}.{k}" not in skip}
+  keep = dict(model=section("model", step_values.FIELDS), masking=section("masking", step_values.FIELDS),
+              batch=config.train.batch_size, seq_len=config.data.seq_len, packing=config.data.packing,
+              optimizer=section("optimizer", phases_lib.LR_FIELDS))
   return json.dumps(keep, sort_keys=True, default=str)
 
 
@@ -71,12 +76,14 @@ class PhaseSet:
     self._trainers: dict[str, Any] = {}
 
   def trainer(self, k: int):
+    """Phase k's trainer: the compiled steps of the first phase with its program, run with phase k's
+    config and step values."""
     config = self.configs[k]
-    key = _program_key(config)
+    key = program_key(config)
     if key not in self._trainers:
       self._trainers[key] = trainer_lib.make_trainer(config, self.mesh, self.objective_cls(config),
                                                      schedule=self.schedule)
-    return self._trainers[key]
+    return self._trainers[key].for_config(config)
 
   def index_at(self, step: int) -> int:
     return phases_lib.index_at(self.phases, step)

@@ -197,7 +197,6 @@ def resolve_phases(config: ml_collections.ConfigDict, phases: list, platform: st
   for k, phase in enumerate(phases):
     c = phases_lib.config_of(config, phases, k)
     c.train.steps = phases[-1].end
-    c.phases = phases_lib.recorded(phases)
     if workdir:
       _substitute_workdir(c, workdir)
     objective.bind(c)
@@ -206,8 +205,11 @@ def resolve_phases(config: ml_collections.ConfigDict, phases: list, platform: st
       check(c, objective)
     except ConfigError as e:
       raise ConfigError(f"phase {phase.name!r}: {e}") from None
-    out.append(freeze(c))
-  return tuple(out)
+    out.append(c)
+  record = phases_lib.recorded(phases, out)
+  for c in out:
+    c.phases = record
+  return tuple(freeze(c) for c in out)
 
 
 def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu") -> Resolved:
@@ -260,7 +262,7 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
   overrides = overrides or {}
   given = config.init_from
   source = provision.init_source(given, workdir)
-  src = workdir_files.read_config(source)
+  src = workdir_files.config_at(source)   # the newest checkpoint's, which init_from restores
   if "model" not in src:
     raise ConfigError(f"init_from={given!r}: its config.json has no model section")
   taken = []
@@ -298,7 +300,7 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   config = _copy(config)
   choices.check_config(config)
   source = provision.init_source(init_from or config.init_from, workdir)
-  source_cfg = workdir_files.read_config(source)
+  source_cfg = workdir_files.config_at(source)
   model = model_defaults()
   model.update(restore.encoder_of(source_cfg)[1].to_dict())   # ELECTRA: the discriminator
   if config.hidden_dropout >= 0:

@@ -2,7 +2,9 @@
 
 `train_step(state, batch, key) -> (state, metrics)` is one jax.jit with the state donated; each step
 folds its number into the run's key, so masks and dropout depend on (seed, step, example) only.
-Metrics are on-device sums, added up by the loop without a host sync.
+Metrics are on-device sums, added up by the loop without a host sync. RoPE theta and the mask rate
+are an argument of the jitted steps (config/step_values.py), bound to the config's values:
+`Trainer.for_config` runs the same compiled steps with another phase's.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import optax
 from flax import nnx, struct
 import ml_collections
 
+from mlm_jax.config import step_values
 from mlm_jax.training import optim
 from mlm_jax.model import sharding
 from mlm_jax.objectives.interface import Objective
@@ -40,9 +43,32 @@ class Trainer:
   state_sharding: Any
   batch_sharding: jax.sharding.NamedSharding
   init: Callable         # () -> TrainState, created directly in its sharded layout
-  train_step: Callable   # (state, batch, key) -> (state, metric sums)
-  eval_step: Callable    # (params, batch, key) -> the objective's eval output (MLM: metric sums)
+  train_step: "BoundStep"   # (state, batch, key) -> (state, metric sums)
+  eval_step: "BoundStep"    # (params, batch, key) -> the objective's eval output (MLM: metric sums)
   objective: Objective   # or fine-tuning's heads.TaskObjective (the step's part of the interface only)
+
+  def for_config(self, config: ml_collections.ConfigDict) -> "Trainer":
+    """This trainer's compiled steps with `config`'s step values (a phase that differs from this one's
+    config only in them and in the learning rate: training/phase_runner.py)."""
+    values = step_values.of(config)
+    return dataclasses.replace(self, config=config, train_step=self.train_step.with_values(values),
+                               eval_step=self.eval_step.with_values(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundStep:
+  """A jitted step whose last argument, the step values, is bound: called and lowered like the step."""
+  jitted: Callable
+  values: dict
+
+  def __call__(self, *args):
+    return self.jitted(*args, self.values)
+
+  def lower(self, *args):
+    return self.jitted.lower(*args, self.values)
+
+  def with_values(self, values: dict) -> "BoundStep":
+    return BoundStep(self.jitted, values)
 
 
 def _microbatches(batch, n):
@@ -97,7 +123,11 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
   def loss_sums(params, batch, dropout_key):
     return objective.loss_sums(nnx.merge(graphdef, params), batch, dropout_key, batch_sh)
 
-  def train_step(state: TrainState, batch, key):
+  def train_step(state: TrainState, batch, key, values):
+    with step_values.bound(values):
+      return _train_step(state, batch, key)
+
+  def _train_step(state: TrainState, batch, key):
     step_key = jax.random.fold_in(key, state.step)
     prepare_key, dropout_key = jax.random.split(step_key)
     real_tokens = jnp.sum(batch["segment_ids"] > 0, dtype=jnp.float32)   # not padding (loop: real tok/s, MFU)
@@ -126,16 +156,18 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
 
-  def eval_step(params, batch, key):
-    return objective.evaluate(nnx.merge(graphdef, params), batch, key, batch_sh)
+  def eval_step(params, batch, key, values):
+    with step_values.bound(values):
+      return objective.evaluate(nnx.merge(graphdef, params), batch, key, batch_sh)
 
   init = jax.jit(init_fn, out_shardings=state_sh)
-  train_jit = jax.jit(train_step, donate_argnums=(0,), in_shardings=(state_sh, batch_sh, repl),
+  train_jit = jax.jit(train_step, donate_argnums=(0,), in_shardings=(state_sh, batch_sh, repl, repl),
                       out_shardings=(state_sh, repl))
-  eval_jit = jax.jit(eval_step, in_shardings=(state_sh.params, batch_sh, repl), out_shardings=repl)
+  eval_jit = jax.jit(eval_step, in_shardings=(state_sh.params, batch_sh, repl, repl), out_shardings=repl)
+  values = step_values.of(config)   # numpy scalars, replicated by the jit (the AOT tool's mesh holds no data)
   return Trainer(config=config, mesh=mesh, graphdef=graphdef, tx=tx, schedule=schedule,
-                 state_sharding=state_sh, batch_sharding=batch_sh, init=init, train_step=train_jit,
-                 eval_step=eval_jit, objective=objective)
+                 state_sharding=state_sh, batch_sharding=batch_sh, init=init,
+                 train_step=BoundStep(train_jit, values), eval_step=BoundStep(eval_jit, values), objective=objective)
 
 
 def fresh_or_init_from(trainer: Trainer) -> Callable[[], TrainState]:

@@ -25,14 +25,10 @@ def check(spec: str, workdir: str) -> tuple[str, int]:
   source, step = parse(spec)
   if os.path.normpath(source) == os.path.normpath(paths.absolute(workdir)):
     raise ConfigError(f"branch_from={spec!r}: the source is this run's own workdir; branch into a new one")
-  if paths.missing(os.path.join(source, "checkpoints")):
+  steps = checkpoints.steps_of(source)
+  if not steps:
     raise CheckpointError(f"branch_from={spec!r}: {source} has no checkpoints")
-  ckpt = checkpoints.Checkpointer(source, read_only=True)
-  try:
-    steps = ckpt.all_steps()
-  finally:
-    ckpt.close()
   if step not in steps:
     raise CheckpointError(f"branch_from={spec!r}: no checkpoint for step {step} in {source} (have "
-                          f"{', '.join(map(str, sorted(steps))) or 'none'})")
+                          f"{', '.join(map(str, steps))})")
   return source, step

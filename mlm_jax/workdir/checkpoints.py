@@ -272,6 +272,22 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   return (params[subtree] if subtree else params), step
 
 
+def steps_of(workdir: str) -> list[int]:
+  """The steps of WORKDIR's checkpoints, ascending ([] when it has none); only read."""
+  if paths.missing(os.path.join(paths.absolute(workdir), "checkpoints")):
+    return []
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    return sorted(ckpt.all_steps())
+  finally:
+    ckpt.close()
+
+
+def newest_step(workdir: str) -> int | None:
+  steps = steps_of(workdir)
+  return steps[-1] if steps else None
+
+
 def without_keys(params: Any, names: list) -> Any:
   """The top level of `params` without `names` (the container types below may change: callers map
   the result back onto their own tree by path)."""

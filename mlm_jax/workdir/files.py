@@ -92,7 +92,27 @@ def migrate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
-  """WORKDIR/config.json (written by the training binaries or by `from_hf`) as a ConfigDict, migrated."""
+  """WORKDIR/config.json (written by the training binaries or by `from_hf`) as a ConfigDict, migrated.
+  For the model of a checkpoint, `config_at`: in a run in phases these sections are the last phase's."""
+  return migrate(_read_json(workdir))
+
+
+def config_at(workdir: str, step: int | None = None) -> ml_collections.ConfigDict:
+  """The config that trained WORKDIR's checkpoint `step` (None: the newest), migrated: in a run in phases
+  the config of the phase that step belongs to (its RoPE theta, masking, sequence length), since
+  config.json's sections are the last phase's. Every reader of a checkpoint's model takes its config
+  from here: to_hf, init_from, fine-tuning and mlm_jax.downstream, fill-mask, merging, evaluation."""
+  from mlm_jax.config import phases as phases_lib
+  from mlm_jax.workdir import checkpoints
+  config = _read_json(workdir)
+  if config.get("phases"):
+    step = checkpoints.newest_step(workdir) if step is None else step
+    if step is not None:
+      config = phases_lib.at_step(config, int(step))
+  return migrate(config)
+
+
+def _read_json(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.isdir(workdir):
     raise CheckpointError(f"workdir {workdir}: no such directory")
@@ -100,10 +120,9 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
     raise CheckpointError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
   with open(path, encoding="utf-8") as f:
     try:
-      config = ml_collections.ConfigDict(json.load(f))
+      return ml_collections.ConfigDict(json.load(f))
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-  return migrate(config)
 
 
 def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:

@@ -21,17 +21,9 @@ from mlm_jax.workdir import checkpoints, files
 _RUN_FIELDS = ("dtype", "param_dtype", "attention_impl", "hidden_dropout", "attention_dropout", "remat")
 
 
-def steps_of(workdir: str) -> list[int]:
-  ckpt = checkpoints.Checkpointer(workdir, read_only=True)
-  try:
-    return sorted(ckpt.all_steps())
-  finally:
-    ckpt.close()
-
-
 def select(workdir: str, last: int = 0, steps: tuple = ()) -> list[tuple[str, int]]:
   """(workdir, step) of the given steps, the last `last` checkpoints, or the latest one."""
-  have = steps_of(workdir)
+  have = checkpoints.steps_of(workdir)
   if not have:
     raise CheckpointError(f"{workdir}: no checkpoint")
   for s in steps:
@@ -60,7 +52,7 @@ def check_same(configs: list, workdirs: list) -> None:
     for key in sorted(set(first.model) | set(c.model)):
       if key not in _RUN_FIELDS and first.model.get(key) != c.model.get(key):
         raise CheckpointError(f"cannot merge {wd} with {workdirs[0]}: model.{key}={c.model.get(key)!r} vs "
-                              f"{first.model.get(key)!r} (another architecture)")
+                              f"{first.model.get(key)!r} (another architecture, or a phase with other model settings)")
     if _tokenizer_sha(wd, c) != _tokenizer_sha(workdirs[0], first):
       raise CheckpointError(f"cannot merge {wd} with {workdirs[0]}: another tokenizer "
                             f"({files.tokenizer_path(wd, c)} vs {files.tokenizer_path(workdirs[0], first)})")
@@ -92,11 +84,12 @@ def merge(sources: list[tuple[str, int]], out: str, weights: list[float] | None 
   if os.path.exists(os.path.join(out, "checkpoints")):
     raise CheckpointError(f"{out}: already holds checkpoints; merge into a new folder")
   workdirs = [paths.absolute(w) for w, _ in sources]
-  configs = [files.read_config(w) for w in workdirs]
+  configs = [files.config_at(w, s) for w, (_, s) in zip(workdirs, sources)]   # a phase's own (its RoPE theta)
   check_same(configs, workdirs)
   merged = mean_params([_params(w, c, s) for (w, s), c in zip(sources, configs)], weights)
-  config = configs[-1]   # the newest run's (e.g. the last phase's RoPE theta)
+  config = configs[-1]   # the newest source's phase
   config.data.tokenizer = files.tokenizer_path(workdirs[-1], config)
+  config.phases = ()   # one model, one config: no phase to look up for its step
   step = max(s for _, s in sources)
   record = dict(merged_from=[f"{w}:{s}" for w, s in zip(workdirs, (s for _, s in sources))], weights=weights)
   os.makedirs(out, exist_ok=True)

@@ -13,7 +13,7 @@ from mlm_jax.model import encoder, scan_layout
 from mlm_jax.model.tree_paths import path_name
 from mlm_jax.objectives import registry
 from mlm_jax.workdir import checkpoints
-from mlm_jax.workdir.files import read_config
+from mlm_jax.workdir.files import config_at
 
 
 def encoder_of(config: ml_collections.ConfigDict) -> tuple[str, ml_collections.ConfigDict]:
@@ -35,7 +35,7 @@ def restore_params_for(workdir: str, model_cfg: ml_collections.ConfigDict, abstr
   `abstract_params`; a source trained with the other `model.scan_layers` is restacked (scan_layout).
   With `fresh` (the freshly initialized parameters), OBJECTIVE_PARAMS the source lacks are taken from
   it, and the log says so."""
-  subtree, source = encoder_of(read_config(workdir))
+  subtree, source = encoder_of(config_at(workdir))   # the newest checkpoint's (its phase's)
   optional = OBJECTIVE_PARAMS if fresh is not None else ()
   if bool(source.get("scan_layers", False)) == bool(model_cfg.get("scan_layers", False)):
     params = checkpoints.restore_params(workdir, abstract_params, subtree=subtree, optional=optional)[0]

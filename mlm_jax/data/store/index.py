@@ -153,9 +153,10 @@ def load(folder: str, names=_ARRAYS) -> dict:
   return {k: np.load(os.path.join(folder, k + ".npy"), mmap_mode="r") for k in names}
 
 
-def check_packing(index: dict, lens: np.ndarray, seq_len: int) -> None:
+def check_packing(index: dict, lens: np.ndarray, seq_len: int, packing: str = "segmented") -> None:
   """ValueError unless `index` is a packing index of documents of `lens` into rows of `seq_len`:
-  every piece inside its document, row pointers covering the pieces in order, rows that fit."""
+  every piece inside its document (concat: inside the document with its BOS and EOS, the coordinates
+  `_concat` writes), row pointers covering the pieces in order, rows that fit."""
   doc, start, length, ptr, tokens = (np.asarray(index[k]) for k in _ARRAYS)
   if not (doc.ndim == start.ndim == length.ndim == ptr.ndim == tokens.ndim == 1):
     raise ValueError("arrays are not 1-D")
@@ -165,7 +166,8 @@ def check_packing(index: dict, lens: np.ndarray, seq_len: int) -> None:
     raise ValueError("row pointers do not cover the pieces in order")
   if doc.size and (doc.min() < 0 or doc.max() >= lens.size):
     raise ValueError("a piece names a document the store does not have")
-  if doc.size and ((start < 0).any() or (length < 0).any() or (start + length > lens[doc]).any()):
+  wrapped = 2 if packing == "concat" else 0
+  if doc.size and ((start < 0).any() or (length < 0).any() or (start + length > lens[doc] + wrapped).any()):
     raise ValueError("a piece reaches past its document")
   if tokens.size and (tokens.min() < 0 or tokens.max() > seq_len):
     raise ValueError(f"a row holds more than seq_len={seq_len} tokens")

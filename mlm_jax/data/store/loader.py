@@ -57,7 +57,7 @@ class _Stream:
       return store_index.build(lens, seq_len, packing, order, fit, window)
 
     self.index = store_index.load_or_build(cache_dir, key, make,
-                                           check=lambda a: store_index.check_packing(a, lens, seq_len))
+                                           check=lambda a: store_index.check_packing(a, lens, seq_len, packing))
     self.index_dir = store_index.index_folder(cache_dir, key)
     self.rows = int(self.index["row_ptr"].shape[0] - 1)
     self.tokens = int(store.source(name)["tokens" if split == "train" else "eval_tokens"])
