@@ -200,7 +200,7 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
     except NoMaskedLM as e:
       if tasks:   # asked for by name: the one-line error
         raise
-      log(f"[downstream] blimp: skipped, the model has no MLM head to score sentences with ({e})")
+      log(f"[downstream] blimp: skipped, {str(e).removeprefix('blimp: ')}")
   results = {}
   for t in chosen:
     results[t.name] = [run_one(t, s, init_from=source, out=out, mode=mode, data=data, random_init=random_init,
