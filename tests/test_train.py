@@ -434,10 +434,10 @@ def test_a_failed_save_stops_the_run_in_one_line_and_a_copy_resumes(tmp_path, co
   assert f"checkpoint {wd}/checkpoints/4 could not be saved: file too large, over a file-size limit" in line, line
   assert "the last good checkpoint, 2, is intact" in line and "partial folder was removed" in line, line
   # No traceback of Python's but TensorStore's late write callbacks, which the file-size limit makes
-  # print 'Event loop is closed' from C++ threads (a full tmpfs measured by hand printed none).
-  tracebacks = p.stderr.split("Traceback (most recent call last):")[1:]
-  assert all("\nRuntimeError: Event loop is closed\n" in "\n".join(t.splitlines()[:8]) + "\n" for t in tracebacks), \
-      p.stderr[-3000:]
+  # print 'Event loop is closed' from C++ threads (a full tmpfs measured by hand printed none). Those
+  # threads print at once, their tracebacks interleaved piece by piece: the exceptions named are counted.
+  assert set(re.findall(r"[A-Z]\w*?Error", p.stderr)) <= {"RuntimeError"}, p.stderr[-3000:]
+  assert p.stderr.count("RuntimeError") == p.stderr.count("Event loop is closed"), p.stderr[-3000:]
   assert "never retrieved" not in p.stderr and not re.search(r"^E\d{4} ", p.stderr, re.M), p.stderr[-3000:]
   assert os.listdir(wd / "checkpoints") == ["2"]   # stopped before the next save (6) was started
   bigger = tmp_path / "bigger_disk" / "run"
