@@ -90,20 +90,24 @@ def _truncate_largest_file(folder):
 
 
 # ELECTRA on the same model: 32-wide shared embeddings, a 16-wide generator (1/4), positions from 0
-# as transformers' ELECTRA numbers them.
+# as transformers' ELECTRA numbers them. A small learning rate keeps the discriminator near its
+# initialization, whose logits straddle 0: at the demo's rate it says 'kept' everywhere by step 6 (the base
+# rate), and precision and recall of 0 would be the same number however they were computed.
 ELECTRA = ("--config.objective=electra", "--config.model.embedding_size=32", "--config.model.position_offset=0",
-           "--config.model.max_position_embeddings=64")
+           "--config.model.max_position_embeddings=64", "--config.optimizer.learning_rate=1e-4")
 
 
 @pytest.fixture(scope="module")
 def electra_run(tmp_path_factory, corpus_and_tokenizer, shared_data):
-  """A finished 12-step ELECTRA run (checkpoints 6 and 12), exported. It also probes its discriminator
-  before step 1 and every 6 steps and scores its generator on 1 BLiMP pair of each paradigm."""
+  """A finished 12-step ELECTRA run (checkpoints 6 and 12), exported and checked against its checkpoints.
+  It evaluates and probes its discriminator before step 1 and every 6 steps, and scores its generator on
+  1 BLiMP pair of each paradigm. Next fit packs its rows, which leaves padding in some batches."""
   wd = tmp_path_factory.mktemp("electra") / "run"
-  p = _run(_cmd(wd, corpus_and_tokenizer, *ELECTRA, "--config.train.save_every=6", "--config.train.eval_at_start=True",
-                "--config.train.probe_every=6", "--config.train.probe_tasks=('sms_spam','pos','blimp')",
-                "--config.train.probe_train_examples=64", "--config.train.probe_eval_examples=32",
-                "--config.train.probe_blimp_pairs=1", steps=12))
+  p = _run(_cmd(wd, corpus_and_tokenizer, *ELECTRA, "--config.train.save_every=6", "--config.train.eval_every=6",
+                "--config.train.eval_at_start=True", "--config.train.probe_every=6",
+                "--config.train.probe_tasks=('sms_spam','pos','blimp')", "--config.train.probe_train_examples=64",
+                "--config.train.probe_eval_examples=32", "--config.train.probe_blimp_pairs=1",
+                "--config.data.packing_fit=next", steps=12))
   assert p.returncode == 0, p.stderr[-3000:]
   return wd
 
@@ -231,15 +235,6 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   from mlm_jax.convert import electra_towers
   from mlm_jax.errors import UserError
 
-  lines = [json.loads(line) for line in (electra_run / "metrics.jsonl").read_text().splitlines()]
-  probes = {m["step"]: m for m in lines if "probe/token_cosine" in m}
-  assert sorted(probes) == [0, 6, 12]   # the demo config evaluates (and probes) before step 1 too
-  assert all(0 <= m[f"probe/{t}"] <= 1 for m in probes.values() for t in ("sms_spam", "pos", "blimp")), probes
-  assert all(m["probe/blimp_seconds"] > 0 for m in probes.values())
-  final = [m for m in lines if "eval_disc_auc" in m][-1]
-  assert final["step"] == 12 and all(0 <= final[f"eval_{k}"] <= 1 for k in ("disc_auc", "disc_precision",
-                                                                              "disc_recall", "sampled_accuracy"))
-
   out = tmp_path / "hf"
   summary = folders.to_hf(str(electra_run), str(out))
   assert summary["step"] == 12 and "generator/model.safetensors" in summary["files"]
@@ -272,6 +267,98 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   restored = restore.restore_params_for(str(electra_run), ft_cfg, abstract)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(params["discriminator"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=tree_paths.path_name(path))
+
+
+def test_electra_run_logs_what_its_batches_and_checkpoints_give(electra_run, shared_data):
+  """The run's logged numbers against computations of their own here. Real tokens: each step's logged share
+  is that of the non-padding slots of its global batch, re-made from config.json (not the step's count).
+  Checkpoints 6 and 12 on the eval batches and masks the run evaluated: the discriminator's precision,
+  recall and accuracy at logit 0 and the generator's sampled accuracy counted with numpy; its AUC as the
+  share of (replaced, kept) token pairs ordered right, ties half, at the resolution the run documents
+  (1024 bins over [-8, 8], electra.AUC_BINS / AUC_RANGE). Probes of checkpoint 12: the probe library on
+  the restored discriminator and the same task samples; BLiMP by the unpacked PLL reference (one masked
+  copy a row, not the probe's packed rows) of the restored generator."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  from mlm_jax.convert import electra_towers
+  from mlm_jax.data import inputs
+  from mlm_jax.evaluation import heldout, pll, probe
+  from mlm_jax.objectives import electra, electra_model, registry
+  from mlm_jax.tasks import blimp
+  from mlm_jax.workdir import files as workdir_files
+
+  logged = {}
+  for m in map(json.loads, (electra_run / "metrics.jsonl").read_text().splitlines()):
+    logged.setdefault(m["step"], {}).update(m)
+  assert sorted(s for s, m in logged.items() if "probe/token_cosine" in m) == [0, 6, 12]
+  config = workdir_files.read_config(str(electra_run))
+  tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(str(electra_run), config))
+  objective_class = registry.for_config(config)
+  objective = objective_class(config)
+
+  train = inputs.make_input(config, objective_class.input_kind, tok, "train")
+  padded = 0
+  for step in range(1, config.train.steps + 1):
+    segment_ids = next(train)["segment_ids"]
+    real = (segment_ids > 0).sum() / segment_ids.size
+    padded += real < 1
+    assert logged[step]["real_fraction"] == pytest.approx(real, rel=1e-6), (step, real)
+    assert logged[step]["real_tokens_per_sec"] / logged[step]["tokens_per_sec"] == pytest.approx(real, rel=1e-6)
+  assert padded >= 2   # so a count of every slot would fail above
+
+  graphdef = electra_model.abstract_pair(config)[0]
+  key = heldout.eval_key(config.seed)
+
+  @jax.jit
+  def forward(params, batch):   # the eval step's masks (eval_key) and its forward pass, with the masks
+    masked = objective.prepare(batch, key)
+    return dict(objective.forward(nnx.merge(graphdef, params), masked), **masked)
+
+  evaluation = inputs.make_input(config, objective_class.input_kind, tok, "eval")
+  for step in (6, 12):
+    _, params, _ = electra_towers.restore_pair(str(electra_run), step)
+    outs = [jax.device_get(forward(params, {k: jnp.asarray(v) for k, v in next(evaluation).items()}))
+            for _ in range(config.train.eval_batches)]
+    evaluation.rewind()   # every evaluation reads the split's first batches
+    logits, labels, real = (np.concatenate([o[k].ravel() for o in outs]) for k in ("disc_logits", "labels", "real"))
+    said, is_real = logits > 0, real > 0
+    replaced, kept = logits[labels > 0], logits[is_real & (labels == 0)]
+    slots = np.concatenate([o["masked_weights"].ravel() for o in outs]) > 0
+    sampled = np.concatenate([(o["sampled"] == o["masked_labels"]).ravel() for o in outs])[slots]
+    bins = lambda x: np.clip(np.floor((x + electra.AUC_RANGE) * (electra.AUC_BINS / (2 * electra.AUC_RANGE))),
+                             0, electra.AUC_BINS - 1)
+    order = bins(replaced)[:, None] - bins(kept)[None, :]
+    m = logged[step]
+    assert m["eval_disc_auc"] == pytest.approx(np.mean((order > 0) + 0.5 * (order == 0)), abs=1e-3), step
+    assert m["eval_disc_precision"] == pytest.approx((replaced > 0).sum() / max(said[is_real].sum(), 1), abs=1e-6)
+    assert m["eval_disc_recall"] == pytest.approx((replaced > 0).mean(), abs=1e-6)
+    assert m["eval_disc_accuracy"] == pytest.approx((said == (labels > 0))[is_real].mean(), abs=1e-6)
+    assert m["eval_sampled_accuracy"] == pytest.approx(sampled.mean(), abs=1e-6)
+    if step == 6:   # a discriminator near its initialization: both kinds of error
+      assert 0 < m["eval_disc_precision"] < 1 and 0 < m["eval_disc_recall"] < 1, m
+
+  # The probes of checkpoint 12 (params and m of the last step above).
+  disc_path, disc_cfg = objective_class.encoder(config)
+  hidden = jax.jit(lambda params, b: getattr(nnx.merge(graphdef, params), disc_path)(
+      b["input_ids"], b["segment_ids"], b["positions"], b["token_type_ids"]))
+  t = config.train
+  tasks = probe.from_suite([n for n in t.probe_tasks if n != "blimp"], tok, config.data.seq_len,
+                           disc_cfg.type_vocab_size, t.probe_train_examples, t.probe_eval_examples)
+  scores = probe.Probes(tasks, probe.Probe.ROWS)(lambda b: hidden(params, b))
+  for name, score in scores.items():
+    if not name.endswith("seconds"):
+      assert m[name] == pytest.approx(score, abs=1e-6), (name, m[name], score)
+  paradigms = blimp.read(blimp.folder(str(shared_data)), t.probe_blimp_pairs)
+  assert all(len(p.good) == len(p.bad) == 1 for p in paradigms)   # the mean over pairs is that over paradigms
+  gen_path, gen_cfg = objective_class.masked_lm(config)
+  unpacked = pll.Scorer(graphdef, tok, pll.ROW_LEN, path=gen_path, one_per_row=True, max_len=pll.max_len(gen_cfg))
+  pll_scores = unpacked(params, pll.encode(tok, [s for p in paradigms for s in p.good + p.bad]))
+  good, bad = pll_scores[0::2], pll_scores[1::2]
+  # A pair whose two PLLs are within float error of each other may fall either way in the run's packed rows.
+  sure, unsure = np.mean(good - bad > 1e-4), np.mean(abs(good - bad) <= 1e-4)
+  assert sure <= m["probe/blimp"] <= sure + unsure and unsure < 0.05, (m["probe/blimp"], sure, unsure)
 
 
 def test_config_typo_is_one_line_and_names_the_key(tmp_path, corpus_and_tokenizer):
