@@ -353,7 +353,8 @@ def test_electra_run_logs_what_its_batches_and_checkpoints_give(electra_run, sha
   paradigms = blimp.read(blimp.folder(str(shared_data)), t.probe_blimp_pairs)
   assert all(len(p.good) == len(p.bad) == 1 for p in paradigms)   # the mean over pairs is that over paradigms
   gen_path, gen_cfg = objective_class.masked_lm(config)
-  unpacked = pll.Scorer(graphdef, tok, pll.ROW_LEN, path=gen_path, one_per_row=True, max_len=pll.max_len(gen_cfg))
+  longest = pll.max_len(gen_cfg)   # a row as long as the longest sentence: one masked copy each
+  unpacked = pll.Scorer(graphdef, tok, longest, path=gen_path, one_per_row=True, max_len=longest)
   pll_scores = unpacked(params, pll.encode(tok, [s for p in paradigms for s in p.good + p.bad]))
   good, bad = pll_scores[0::2], pll_scores[1::2]
   # A pair whose two PLLs are within float error of each other may fall either way in the run's packed rows.
