@@ -214,8 +214,12 @@ def setup_logging() -> None:
 
 
 def _from_orbax(record) -> bool:
-  """A record of orbax's, or asyncio's 'exception was never retrieved' about a future of orbax's."""
+  """A record of orbax's, or asyncio's 'exception was never retrieved' about a future of orbax's: one
+  with orbax in its traceback, or a checkpoint write's failure set from TensorStore's threads (no Python
+  frames at all; its message names the checkpoint's temporary folder)."""
   if "/orbax/" in record.pathname:
+    return True
+  if record.name == "asyncio" and record.exc_info and ".orbax-checkpoint-tmp" in str(record.exc_info[1]):
     return True
   if record.name == "asyncio" and record.exc_info and record.exc_info[2] is not None:
     tb = record.exc_info[2]

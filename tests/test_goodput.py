@@ -30,7 +30,8 @@ def killed_and_resumed(tmp_path_factory, corpus_and_tokenizer):
                             env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   kill_when(killed, lambda: 4 in _steps(wd) and (wd / "metrics.jsonl").exists() and max(_losses(wd), default=0) >= 6)
   assert killed.returncode == -signal.SIGKILL
-  reached, resumed_from = max(_losses(wd)), max(_steps(wd))   # as the kill left them
+  logged = _losses(wd)   # an uninterrupted run's losses, to the kill
+  reached, resumed_from = max(logged), max(_steps(wd))   # as the kill left them
   before = _segments(wd)
 
   cmd = _cmd(wd, corpus_and_tokenizer, "--config.train.save_every=4", steps=reached + 3)
@@ -42,8 +43,8 @@ def killed_and_resumed(tmp_path_factory, corpus_and_tokenizer):
     if "] goodput " in line and t_summary is None:
       t_summary = time.time()
   assert p.wait(timeout=300) == 0, "".join(stderr)[-3000:]
-  return dict(workdir=wd, reached=reached, resumed_from=resumed_from, before=before, stderr="".join(stderr),
-              wall=t_summary - t_spawn if t_summary else None, t_spawn=t_spawn)
+  return dict(workdir=wd, reached=reached, resumed_from=resumed_from, before=before, logged=logged,
+              stderr="".join(stderr), wall=t_summary - t_spawn if t_summary else None, t_spawn=t_spawn)
 
 
 def test_lost_work_is_the_steps_between_the_last_checkpoint_and_the_kill(killed_and_resumed):
@@ -55,6 +56,11 @@ def test_lost_work_is_the_steps_between_the_last_checkpoint_and_the_kill(killed_
   assert lost["from_step"] == r["resumed_from"] and lost["to_step"] == r["reached"]
   assert lost["steps"] == r["reached"] - r["resumed_from"]
   assert lost["steps"] > 0, "killed right after a checkpoint: nothing to recompute (kill condition too late)"
+  # Recomputed exactly: the streaming text path's iterator state, params and optimizer state restored after
+  # kill -9 give the losses the killed run logged for the same steps.
+  got = _losses(r["workdir"])
+  for s in range(r["resumed_from"] + 1, r["reached"] + 1):
+    assert abs(got[s] - r["logged"][s]) <= 1e-6, (s, got[s], r["logged"][s])
   # Recorded at every log line (a kill between writing metrics.jsonl and goodput.json: one step behind).
   assert r["reached"] - 1 <= killed["end_step"] <= r["reached"]
   # The seconds of the recorded lost steps: about the killed run's mean step time each (compile is not a step).
