@@ -9,7 +9,6 @@ the seed's folder is moved aside (seedN.stale) and it trains again. Then one tab
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ import shutil
 import time
 
 from mlm_jax.errors import DataError, NoMaskedLM
+from mlm_jax.finetuning import kept_result
 from mlm_jax.tasks import blimp
 from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select, select_zeroshot
 
@@ -79,40 +79,13 @@ def pretrain_languages(init_from: str, flag: str) -> tuple[list, str]:
   return [], "unknown (pass --pretrain_languages=en,de,...)"
 
 
-def _digest(value) -> str:
-  return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def newest_step(source: str) -> int | None:
-  """The newest checkpoint step of a pretraining workdir or converted folder (the one fine-tuning starts from)."""
-  folder = os.path.join(source, "checkpoints")
-  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
-  return max(steps) if steps else None
-
-
-def init_identity(init_from: str, random_init: bool) -> dict:
-  """What identifies the model a result was computed from: the folder, its newest checkpoint step, a hash
-  of its config.json, and whether its weights were replaced by a random init."""
-  with open(os.path.join(init_from, "config.json"), "rb") as f:
-    init_config = hashlib.sha256(f.read()).hexdigest()[:16]
-  return dict(init_from=os.path.realpath(init_from), init_step=newest_step(init_from), init_config=init_config,
-              random_init=bool(random_init))
-
-
 def depends_on(task: SuiteTask, config, *, init_from: str, mode: str, random_init: bool,
                overrides: dict | None) -> dict:
-  """What a seed's result depends on: the init checkpoint (`init_identity`), the task and its final config
-  (seed, --set overrides and the seq_len fitted to the model included), the mode."""
-  return dict(init_identity(init_from, random_init), mode=mode,
+  """What a seed's result depends on: the init checkpoint (`kept_result.init_identity`), the task and its
+  final config (seed, --set overrides and the seq_len fitted to the model included), the mode."""
+  return dict(kept_result.init_identity(init_from, random_init), mode=mode,
               overrides={k: str(v) for k, v in (overrides or {}).items()},
-              task=_digest(dataclasses.asdict(task)), config=_digest(config.to_dict()))
-
-
-def differs(saved: dict, now: dict) -> str:
-  """'init_step 2 -> 4, config' : what changed since a result was saved (or its run started)."""
-  keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-  plain = ("init_step", "mode", "random_init", "overrides", "pairs")
-  return ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" if k in plain else k for k in keys)
+              task=kept_result.digest(dataclasses.asdict(task)), config=kept_result.digest(config.to_dict()))
 
 
 def _read_json(path: str) -> dict | None:
@@ -154,7 +127,7 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
   started = _read_json(os.path.join(workdir, DEPENDS_FILE))
   before = result.get("depends_on", {}) if result is not None else started
   if os.path.isdir(workdir) and (result is not None or before is None or before != depends):
-    what = differs(before or {}, depends) if before else "no record of what it was trained on"
+    what = kept_result.differs(before or {}, depends) if before else "no record of what it was trained on"
     log(f"[downstream] {task.name} seed {seed}: {'result' if result is not None else 'run'} of another "
         f"model or config ({what}); training again (the old folder is {_move_aside(workdir)})")
   os.makedirs(workdir, exist_ok=True)
@@ -196,7 +169,7 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
     try:
       zeroshot["blimp"] = zeroshot_suite.run_blimp(init_from=init_from, source=source, out=out, fast=fast,
                                                    random_init=random_init, data=data, log=log, pairs=blimp_pairs,
-                                                   identity=init_identity(init_from, random_init))
+                                                   identity=kept_result.init_identity(init_from, random_init))
     except NoMaskedLM as e:
       if tasks:   # asked for by name: the one-line error
         raise

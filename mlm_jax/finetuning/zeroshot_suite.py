@@ -52,7 +52,7 @@ def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init:
   `pairs` pairs a paradigm (0: FAST_PAIRS with `fast`, else all). A kept result is read back only when it
   was computed from the same model (`identity`: folder, newest step, config) on the same pairs."""
   from mlm_jax.evaluation import zeroshot
-  from mlm_jax.finetuning.suite import differs
+  from mlm_jax.finetuning.kept_result import differs
   where = blimp.folder(data)
   paradigms = blimp.read(where, pairs or (FAST_PAIRS if fast else 0))
   done = os.path.join(out, "blimp", RESULT_FILE)

@@ -1,0 +1,36 @@
+"""When a kept result (a fine-tuned seed, a zero-shot score) may be read back instead of computed again:
+only when what it was computed from is unchanged. These are the parts of that record common to the
+fine-tuning suite (suite.py) and the zero-shot tasks (zeroshot_suite.py), and the line that says what changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+
+def digest(value) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def newest_step(source: str) -> int | None:
+  """The newest checkpoint step of a pretraining workdir or converted folder (the one fine-tuning starts from)."""
+  folder = os.path.join(source, "checkpoints")
+  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
+  return max(steps) if steps else None
+
+
+def init_identity(init_from: str, random_init: bool) -> dict:
+  """What identifies the model a result was computed from: the folder, its newest checkpoint step, a hash
+  of its config.json, and whether its weights were replaced by a random init."""
+  with open(os.path.join(init_from, "config.json"), "rb") as f:
+    init_config = hashlib.sha256(f.read()).hexdigest()[:16]
+  return dict(init_from=os.path.realpath(init_from), init_step=newest_step(init_from), init_config=init_config,
+              random_init=bool(random_init))
+
+
+def differs(saved: dict, now: dict) -> str:
+  """'init_step 2 -> 4, config' : what changed since a result was saved (or its run started)."""
+  keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+  plain = ("init_step", "mode", "random_init", "overrides", "pairs")
+  return ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" if k in plain else k for k in keys)
