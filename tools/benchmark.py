@@ -92,7 +92,7 @@ def _timed_steps(run, mesh, batches, args) -> dict:
   state = tr.init()
   batches = [jax.device_put(x, tr.batch_sharding) for x in batches]
   key = jax.random.key(0)
-  compiled = tr.train_step.lower(state, batches[0], key).compile()
+  compiled = tr.train_step.compile(state, batches[0], key)
   compile_s = time.perf_counter() - t0
   compile_peak = _reset_peak_rss()
   for i in range(args.warmup):

@@ -67,6 +67,11 @@ class BoundStep:
   def lower(self, *args):
     return self.jitted.lower(*args, self.values)
 
+  def compile(self, *args) -> Callable:
+    """The step compiled ahead of time for `args`' shapes, called like the step (values bound)."""
+    compiled = self.jitted.lower(*args, self.values).compile()
+    return lambda *call_args: compiled(*call_args, self.values)
+
   def with_values(self, values: dict) -> "BoundStep":
     return BoundStep(self.jitted, values)
 
