@@ -14,6 +14,7 @@ import sys
 import pytest
 from subproc import REPO
 
+from mlm_jax.config import phases as phases_lib
 from mlm_jax.training import aot
 
 
@@ -142,14 +143,11 @@ def test_a_run_in_phases_reports_every_phase_and_goes_on_after_one_that_cannot_b
   does not split over the 4 chips of v5e:2x2 is reported as not placeable (why, what would place it), and
   the phase after it is still compiled; the summary names every phase. And the phased
   configs/modernbert_base.py splits into its six phases' shapes (compiled per phase the same way)."""
-  spec = importlib.util.spec_from_file_location("aot_tool", REPO / "tools" / "aot_compile.py")
-  tool = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tool)
   spec = importlib.util.spec_from_file_location("modernbert_base", REPO / "configs" / "modernbert_base.py")
   recipe = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(recipe)
   shapes = [(name, c.train.batch_size, c.data.seq_len, c.model.rope_theta)
-            for name, c in tool._phase_configs(recipe.get_config())]
+            for name, c in phases_lib.each_phase(recipe.get_config())]
   assert shapes == [("batch768", 768, 1024, 1e4), ("batch1536", 1536, 1024, 1e4), ("batch3072", 3072, 1024, 1e4),
                     ("pretrain", 4608, 1024, 1e4), ("extend", 512, 8192, 1.6e5), ("decay", 512, 8192, 1.6e5)]
   assert all(b % 256 == 0 for _, b, _, _ in shapes)   # every phase splits over slices of up to 256 chips

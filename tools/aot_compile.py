@@ -29,6 +29,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from mlm_jax import runtime
+from mlm_jax.config import phases as phases_lib
 from mlm_jax.errors import UserError
 from mlm_jax.training import aot
 
@@ -55,20 +56,6 @@ def _table(path: str) -> None:
     print(aot.multislice_row(r) if multi else aot.table_row(r))
 
 
-def _phase_configs(config) -> list:
-  """[(phase name, its config)] of a run in phases; [("", config)] otherwise."""
-  from mlm_jax.config import phases as phases_lib
-  parsed = phases_lib.parse(config)
-  if not parsed:
-    return [("", config)]
-  out = []
-  for p in parsed:
-    c = phases_lib.config_of(config, parsed, p.index)
-    c.phases = ()
-    out.append((p.name, c))
-  return out
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -79,7 +66,7 @@ def main(argv):
     raise app.UsageError("--config and --topology are required (or --table=FILE)")
   name = aot.config_name(flags.FLAGS["config"].config_filename)
   try:
-    variants = _phase_configs(_CONFIG.value)
+    variants = phases_lib.each_phase(_CONFIG.value)
   except UserError as e:
     runtime.report_user_error(e)
     sys.exit(2)

@@ -127,6 +127,20 @@ def parse(config: ml_collections.ConfigDict) -> list[Phase]:
   return phases
 
 
+def each_phase(config: ml_collections.ConfigDict) -> list[tuple[str, ml_collections.ConfigDict]]:
+  """[(name, its config without phases)] of a run in phases, one per phase; [("", config)] otherwise
+  (the AOT tool compiles each)."""
+  phases = parse(config)
+  if not phases:
+    return [("", config)]
+  out = []
+  for p in phases:
+    c = config_of(config, phases, p.index)
+    c.phases = ()
+    out.append((p.name, c))
+  return out
+
+
 def step_at_tokens(config: ml_collections.ConfigDict, phases: list[Phase], tokens: int) -> int:
   """The first step by which the run has trained `tokens` token slots (batch x seq_len per step)."""
   if not phases:
