@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from mlm_jax import runtime
 from subproc import REPO, cpu_env
 
@@ -67,6 +69,8 @@ def test_cpu_allocator_policies_stop_xla_scratch_refaulting_and_can_be_turned_of
 _CONSOLE_SCRIPT = """# -*- coding: utf-8 -*-
 import re
 import sys
+
+import pytest
 from {module} import {func}
 if __name__ == "__main__":
     import os
@@ -174,3 +178,39 @@ def test_a_failed_checkpoint_writes_unretrieved_futures_are_not_logged():
 
   assert runtime._from_orbax(record(ValueError(message)))
   assert not runtime._from_orbax(record(ValueError("OUT_OF_RANGE: Error writing 'x' in /data/store")))
+
+
+# What a normal exit does that keeps output, each left for runtime.exit_now to finish: a non-daemon thread
+# and a thread pool's task still running (each writes its file after 0.5 s), an atexit handler, text in Python's and
+# in C's stdout buffers (a pipe, PYTHONUNBUFFERED unset).
+_EXIT_PROBE = """
+import atexit, concurrent.futures, ctypes, os, sys, threading, time
+from mlm_jax import runtime
+out, code = sys.argv[1], eval(sys.argv[2])
+
+def write(name, after_s=0.0):
+  time.sleep(after_s)
+  with open(os.path.join(out, name), "w") as f:
+    f.write(name)
+
+threading.Thread(target=write, args=("thread", 0.5)).start()
+concurrent.futures.ThreadPoolExecutor(1).submit(write, "pool", 0.5)
+atexit.register(write, "atexit")
+print("from python", end=" ")
+ctypes.CDLL(None).printf(b"from C")
+runtime.exit_now(code)
+"""
+
+
+@pytest.mark.parametrize("code,status", [("None", 0), ("3", 3), ("'error: said in one line'", 1)])
+def test_exit_now_keeps_what_a_normal_exit_keeps_and_its_status(tmp_path, code, status):
+  """The binaries and tools end with runtime.exit_now, skipping the interpreter's ~2 s teardown: threads
+  still working are waited for, atexit handlers run, buffered output reaches the pipe, and the status is
+  sys.exit's (a message: printed, 1)."""
+  env = {k: v for k, v in cpu_env(1).items() if k != "PYTHONUNBUFFERED"}
+  p = subprocess.run([sys.executable, "-c", _EXIT_PROBE, str(tmp_path), code], env=env, cwd=REPO,
+                     capture_output=True, text=True, timeout=120)
+  assert p.returncode == status, p.stderr[-2000:]
+  assert p.stdout == "from python from C"
+  assert sorted(f.name for f in tmp_path.iterdir()) == ["atexit", "pool", "thread"]
+  assert p.stderr == ("error: said in one line\n" if status == 1 else ""), p.stderr[-2000:]

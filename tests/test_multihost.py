@@ -1,24 +1,23 @@
 """Multi-process training on JAX's distributed runtime (gloo on CPU), and the launch scripts.
 
-2 processes x 4 fake CPU devices must train exactly like 1 process x 8 devices, their checkpoints
-must restore on another mesh, and a dead process must not leave the survivor hanging.
+One job of 2 processes x 4 fake CPU devices, beside one process x 8 devices on another mesh, proves
+three things: the two train exactly alike, the 2-process checkpoint continues in 1 process on another
+mesh, and a dead process stops the survivor instead of leaving it hanging.
 """
 import json
 import os
 import pathlib
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from subproc import REPO, cpu_env
+from subproc import REPO, cpu_env, kill_when
 
-from test_train import _losses
+from test_train import RUNS_ON, _losses, _steps
 
 from mlm_jax.workdir import restore
 
@@ -42,13 +41,16 @@ def _args(workdir, data, *extra, steps=STEPS):
           "--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.model.num_heads=2",
           "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
           "--config.train.batch_size=16", f"--config.train.steps={steps}", "--config.train.log_every=1",
-          "--config.train.eval_every=1000", "--config.train.eval_batches=1",
+          "--config.train.eval_every=1000", "--config.train.eval_at_start=False", "--config.train.eval_batches=1",
           f"--config.train.save_every={STEPS // 2}", "--config.train.peak_tflops_per_device=0.1",
           "--config.optimizer.warmup_steps=2", *extra]
 
 
-def _single(workdir, data, *extra, steps=STEPS):
+def _single(workdir, data, *extra, steps=STEPS, wait=True):
   cmd = [sys.executable, "-m", "mlm_jax.train", *_args(workdir, data, *extra, steps=steps)]
+  if not wait:
+    return subprocess.Popen(cmd, cwd=REPO, env=cpu_env(8), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
   return subprocess.run(cmd, cwd=REPO, env=cpu_env(8), capture_output=True, text=True, timeout=600)
 
 
@@ -64,67 +66,59 @@ def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
 
 
 def _params(workdir, step):
-  """Final parameters as numpy, restored on one device from the run's checkpoint."""
-  from mlm_jax.workdir import checkpoints
+  """The parameters of checkpoint `step`, as numpy, restored on one device."""
+  import jax
   import ml_collections
   cfg = ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
-  import jax
-  ck = checkpoints.Checkpointer(str(workdir), async_save=False)
-  assert step in ck.all_steps()
-  _, params, _ = restore.restore_model(str(workdir), cfg.model)
+  _, params, restored = restore.restore_model(str(workdir), cfg.model, step)
+  assert restored == step
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
 
 
-def test_two_processes_match_one_and_restore_on_another_mesh(tmp_path, corpus_and_tokenizer):
-  one, two = tmp_path / "one", tmp_path / "two"
-  procs = _multi(two, corpus_and_tokenizer, "--config.mesh.data=8")
-  # The reference run alongside: much of each run is single-threaded start-up (imports, tracing).
-  p = _single(one, corpus_and_tokenizer, "--config.mesh.data=8")
-  assert p.returncode == 0, p.stderr[-3000:]
-  for q in procs:
-    _, err = q.communicate(timeout=600)
-    assert q.returncode == 0, err[-3000:]
+# The 1-process runs' mesh: every axis split, so the 2-process checkpoint (batch over 8 devices) is resharded.
+OTHER_MESH = ("--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+
+
+def test_two_processes_train_like_one_restore_on_another_mesh_and_a_dead_one_stops_the_survivor(
+    tmp_path, corpus_and_tokenizer):
+  """The 2-process job runs on (RUNS_ON steps, the same schedule as the others'): killed with -9 in one
+  process once its checkpoint of step STEPS is committed, the other must fail within 120 s (a 15 s
+  heartbeat) rather than wait forever in a collective. Meanwhile 1 process x 8 devices on another mesh
+  trains steps 1..STEPS from scratch, and another continues the job's checkpoint of step STEPS / 2."""
+  one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
+  mid = STEPS // 2
+  keep = f"--config.train.keep_checkpoints={RUNS_ON}"   # checkpoint STEPS outlives however many come after it
+  job = _multi(two, corpus_and_tokenizer, "--config.mesh.data=8", keep, steps=RUNS_ON, heartbeat=15)
+  reference = _single(one, corpus_and_tokenizer, *OTHER_MESH, f"--config.train.stop_at_step={STEPS}", steps=RUNS_ON,
+                      wait=False)
+  kill_when(job[1], lambda: STEPS in _steps(two))
+  assert STEPS in _steps(two), job[0].communicate(timeout=120)[1][-3000:]
+  resumed.mkdir()
+  shutil.copytree(two / "checkpoints" / str(mid), resumed / "checkpoints" / str(mid))
+  continued = _single(resumed, corpus_and_tokenizer, *OTHER_MESH, f"--config.train.stop_at_step={mid + 1}",
+                      steps=RUNS_ON, wait=False)
+  try:
+    _, err = job[0].communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    job[0].kill()
+    pytest.fail("the surviving process was still running 120 s after its peer died")
+  assert job[0].returncode != 0
+  tail = err[-5000:].lower()
+  assert "another task died" in tail or "heartbeat" in tail or "coordination" in tail or "error" in tail, tail
+  logs = {}
+  for name, p in (("reference", reference), ("continued", continued)):
+    _, logs[name] = p.communicate(timeout=600)
+    assert p.returncode == 0, logs[name][-3000:]
+
   l1, l2 = _losses(one), _losses(two)
-  assert sorted(l1) == sorted(l2) == list(range(1, STEPS + 1))
+  assert sorted(l1) == list(range(1, STEPS + 1)) and set(l1) <= set(l2), (sorted(l1), sorted(l2))
   for s in l1:
     assert abs(l1[s] - l2[s]) <= 1e-5, (s, l1[s], l2[s])
   p1, p2 = _params(one, STEPS), _params(two, STEPS)
   for k in p1:
     np.testing.assert_allclose(p2[k], p1[k], rtol=1e-5, atol=1e-6, err_msg=k)
-
-  # The 2-process checkpoint of the middle step continues in 1 process on a different mesh: the next
-  # step's loss equals the 2-process run's.
-  mid = STEPS // 2
-  resumed = tmp_path / "resumed"
-  resumed.mkdir()
-  shutil.copytree(two / "checkpoints" / str(mid), resumed / "checkpoints" / str(mid))
-  p = _single(resumed, corpus_and_tokenizer, "--config.mesh.data=2", "--config.mesh.fsdp=2",
-              "--config.mesh.tensor=2", steps=mid + 1)
-  assert p.returncode == 0, p.stderr[-3000:]
-  assert f"resuming from step {mid}" in p.stderr
-  assert abs(_losses(resumed)[mid + 1] - l2[mid + 1]) <= 1e-5, (_losses(resumed)[mid + 1], l2[mid + 1])
-
-
-def test_a_dead_process_stops_the_survivor(tmp_path, corpus_and_tokenizer):
-  wd = tmp_path / "run"
-  procs = _multi(wd, corpus_and_tokenizer, "--config.mesh.data=8", "--config.train.eval_every=1",
-                 "--config.train.eval_batches=4", steps=100000, heartbeat=15)
-  deadline = time.time() + 300
-  while time.time() < deadline and not (wd / "metrics.jsonl").exists():
-    assert all(q.poll() is None for q in procs), procs[0].stderr.read()[-3000:]
-    time.sleep(0.2)
-  time.sleep(2)
-  procs[1].send_signal(signal.SIGKILL)
-  killed_at = time.time()
-  try:
-    _, err = procs[0].communicate(timeout=120)
-  except subprocess.TimeoutExpired:
-    procs[0].kill()
-    pytest.fail("the surviving process was still running 120 s after its peer died")
-  assert procs[0].returncode != 0
-  assert time.time() - killed_at < 120
-  tail = err[-5000:].lower()
-  assert "another task died" in tail or "heartbeat" in tail or "coordination" in tail or "error" in tail, tail
+  assert f"resuming from step {mid}" in logs["continued"]
+  assert _losses(resumed) == {mid + 1: pytest.approx(l2[mid + 1], abs=1e-5)}
 
 
 LAUNCH = ["launch/tpu_vm.sh", "launch/slurm.sbatch", "launch/local_multiprocess.sh"]

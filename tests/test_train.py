@@ -378,6 +378,27 @@ def test_missing_corpus_is_one_line(tmp_path, corpus_and_tokenizer, field):
   assert not (tmp_path / "run" / "checkpoints").exists() and "step 1/" not in p.stderr
 
 
+def test_a_finished_run_leaves_whole_metrics_events_and_checkpoint(two_step_run):
+  """The binary ends with runtime.exit_now (no interpreter teardown, tests/test_cli.py): the last
+  metrics line (the closing evaluation), every TensorBoard event and the final checkpoint are whole."""
+  import jax
+  import numpy as np
+  import tensorflow as tf
+  from mlm_jax.workdir import files as workdir_files
+  lines = (two_step_run / "metrics.jsonl").read_text().splitlines()
+  logged = {(d["step"], k): v for d in map(json.loads, lines) for k, v in d.items()
+            if k != "step" and isinstance(v, (int, float))}
+  assert json.loads(lines[-1])["step"] == 2 and "eval_loss" in json.loads(lines[-1]), lines[-1]
+  (events,) = (two_step_run / "tensorboard").glob("events.out.tfevents.*")
+  written = {(e.step, v.tag): float(tf.make_ndarray(v.tensor))
+             for e in tf.compat.v1.train.summary_iterator(str(events)) for v in e.summary.value}   # checks each record's CRC
+  assert written.keys() == logged.keys()
+  for key, value in logged.items():
+    assert abs(written[key] - value) <= 1e-6 * max(1.0, abs(value)), (key, written[key], value)
+  _, params, step = restore.restore_model(str(two_step_run), workdir_files.read_config(str(two_step_run)).model)
+  assert step == 2 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+
 def test_checkpoint_of_another_shape_is_refused_and_kept(tmp_path, corpus_and_tokenizer, two_step_run):
   wd = _copy_of(two_step_run, tmp_path)
   before = sorted(str(x.relative_to(wd)) for x in (wd / "checkpoints").rglob("*"))

@@ -210,4 +210,4 @@ def main():
 
 if __name__ == "__main__":
   runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
-  main()
+  runtime.exit_now(main())

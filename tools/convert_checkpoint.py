@@ -12,7 +12,6 @@ What the folders hold: docs/design_notes.md#toolsconvert_checkpointpy.
 """
 import argparse
 import json
-import sys
 
 from mlm_jax import runtime
 
@@ -68,4 +67,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

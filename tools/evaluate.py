@@ -12,7 +12,6 @@ one line on stderr and exit code 2.
 import argparse
 import json
 import math
-import sys
 
 from mlm_jax import runtime
 
@@ -171,4 +170,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
   runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
-  sys.exit(main())
+  runtime.exit_now(main())

@@ -11,7 +11,6 @@ errors are one line on stderr and exit code 2.
 """
 import argparse
 import json
-import sys
 
 from mlm_jax import runtime
 
@@ -55,4 +54,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

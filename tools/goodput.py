@@ -14,7 +14,6 @@ Errors are one line on stderr and exit code 2.
 import argparse
 import json
 import os
-import sys
 import time
 
 from mlm_jax import runtime
@@ -75,4 +74,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

@@ -12,7 +12,6 @@ Errors are one line on stderr and exit code 2.
 """
 import argparse
 import json
-import sys
 
 from mlm_jax import runtime
 
@@ -54,4 +53,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

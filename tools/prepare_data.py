@@ -14,7 +14,6 @@ the store is byte-identical. Train from it with `--config.data.sources="('store:
 import argparse
 import json
 import logging
-import sys
 
 from mlm_jax import runtime
 
@@ -81,4 +80,4 @@ def _real_fractions(root: str, manifest: dict, seq_len: int) -> dict:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

@@ -13,7 +13,6 @@ trace in full. Errors are one line on stderr and exit code 2.
 """
 import argparse
 import json
-import sys
 
 from mlm_jax import runtime
 
@@ -45,4 +44,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

@@ -10,7 +10,6 @@ of the vocabulary. Writes OUT.model, OUT.vocab and OUT.special_ids.json; the tra
 pipeline reads the model with `mlm_jax.data.tokenizers.load.load(OUT.model)`.
 """
 import argparse
-import sys
 
 from mlm_jax import runtime
 
@@ -52,4 +51,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  runtime.exit_now(main())

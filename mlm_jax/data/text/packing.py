@@ -16,16 +16,6 @@ from mlm_jax.data.tokenizers import base as tokenizer_base
 FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")
 
 
-def _as_written(fn):
-  """`fn` for Dataset.map, traced without autograph.
-
-  The tokenize-and-pack functions are graph code already (tf.while_loop, no Python branches on
-  tensors); autograph's rewrite of them and of the tokenizer only cost start-up time
-  (docs/design_notes.md#packing).
-  """
-  return tf.autograph.experimental.do_not_convert(fn)
-
-
 class Packer:
   """Token streams -> fixed-length rows. Holds the tokenizer-derived constants."""
 
@@ -55,8 +45,10 @@ class Packer:
       with tf.control_dependencies([self.stats.add("long_docs_split", tf.reduce_sum(
           tf.cast(n_chunks > 1, tf.int64)))]):
         nrows = tf.identity(nrows)
-    chunk_ids = tf.RaggedTensor.from_value_rowids(values, chunk_of_token, nrows=nrows)
-    chunk_ws = tf.RaggedTensor.from_value_rowids(ws, chunk_of_token, nrows=nrows)
+    # Row ids sorted and below nrows by construction: no validation ops (their asserts cost graph
+    # building at every pipeline's start and a check per batch).
+    chunk_ids = tf.RaggedTensor.from_value_rowids(values, chunk_of_token, nrows=nrows, validate=False)
+    chunk_ws = tf.RaggedTensor.from_value_rowids(ws, chunk_of_token, nrows=nrows, validate=False)
     return self._wrap(chunk_ids), self._wrap(chunk_ws, special=1)
 
   def _starts(self, values):
@@ -82,7 +74,7 @@ class Packer:
     """
     del finite  # every batch is flushed: nothing is ever left over
     s = self.seq_len
-    pack = _as_written(lambda b: self._pack_rows(*self._chunks(to_ids(b), s - 2)))
+    pack = sources.as_written(lambda b: self._pack_rows(*self._chunks(to_ids(b), s - 2)))
     return doc_batches.map(pack, num_parallel_calls=self.npc).unbatch()
 
   def _pack_rows(self, ids: tf.RaggedTensor, ws: tf.RaggedTensor) -> dict:
@@ -134,7 +126,7 @@ class Packer:
       return (tf.cast(ids.flat_values, tf.int32), tf.cast(ws.flat_values, tf.int32),
               tf.cast(ids.row_lengths(), tf.int32), tf.constant(False))
 
-    groups = doc_batches.map(_as_written(chunks), num_parallel_calls=self.npc)
+    groups = doc_batches.map(sources.as_written(chunks), num_parallel_calls=self.npc)
     if finite:
       empty = tf.zeros([0], tf.int32)
       groups = groups.concatenate(tf.data.Dataset.from_tensors((empty, empty, empty, tf.constant(True))))
@@ -154,7 +146,7 @@ class Packer:
         t.set_shape([None, s])
       return tuple(out[:6]), dict(zip(FEATURES, out[6:]))
 
-    return groups.scan(init, step).unbatch()
+    return groups.scan(init, sources.as_written(step)).unbatch()
 
   # -- concat ------------------------------------------------------------------------------
   def concat(self, doc_batches: tf.data.Dataset, to_ids, finite: bool) -> tf.data.Dataset:
@@ -170,7 +162,7 @@ class Packer:
       ws = self._wrap(tf.RaggedTensor.from_row_lengths(ws, lens), special=1).flat_values
       return ids, ws
 
-    pieces = doc_batches.map(_as_written(flatten), num_parallel_calls=self.npc)
+    pieces = doc_batches.map(sources.as_written(flatten), num_parallel_calls=self.npc)
     if finite:
       pieces = pieces.concatenate(tf.data.Dataset.from_tensors(
           (tf.zeros([0], tf.int32), tf.zeros([0], tf.int32))))
@@ -199,7 +191,7 @@ class Packer:
                  ws=tf.pad(all_ws[k * s:][:rem], [[0, s - rem]]), fill=rem)
       return new, out
 
-    return pieces.scan(init, step).unbatch()
+    return pieces.scan(init, sources.as_written(step)).unbatch()
 
 
 def _best_fit_step(seq_len, window, pad, ids, ws, seg, pos, fill, row, chunk_ids, chunk_ws, lens,

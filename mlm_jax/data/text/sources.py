@@ -25,6 +25,16 @@ _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more tha
 DataError = errors.DataError
 
 
+def as_written(fn):
+  """`fn` for a tf.data transformation (map, filter, scan, interleave), traced without autograph.
+
+  The input path's functions are graph code already (tf ops, tf.cond / tf.while_loop; Python branches
+  only on Python values), so autograph's rewrite of them only costs start-up time, at every run's
+  start (docs/design_notes.md#packing).
+  """
+  return tf.autograph.experimental.do_not_convert(fn)
+
+
 class Stats:
   """Counters of repaired or skipped input, updated from inside tf.data (tf.Variables).
 
@@ -172,13 +182,13 @@ def _line_batches(field: int, stats: Optional[Stats]):
   def read(path):
     gz = tf.strings.regex_full_match(path, r".*\.gz")
     ds = tf.data.TextLineDataset(path, compression_type=tf.where(gz, "GZIP", ""))
-    ds = ds.batch(_READ_BATCH).map(lambda b: _clean_lines(b, field, stats, path))
+    ds = ds.batch(_READ_BATCH).map(as_written(lambda b: _clean_lines(b, field, stats, path)))
     if stats is None:
       return ds
-    check = tf.data.Dataset.from_tensors(path).map(lambda p: tf.reshape(tf.py_function(
-        lambda q: (stats.check_gzip(q), tf.zeros([0], tf.string))[1], [p], tf.string), [0]))
+    check = tf.data.Dataset.from_tensors(path).map(as_written(lambda p: tf.reshape(tf.py_function(
+        lambda q: (stats.check_gzip(q), tf.zeros([0], tf.string))[1], [p], tf.string), [0])))
     return ds.concatenate(check)
-  return read
+  return as_written(read)
 
 
 def _is_blank(strings):
@@ -222,7 +232,7 @@ def _group_blank_lines(line_batches, stats: Optional[Stats]):
     carry = tf.where(too_long, "", carry)
     return carry, tf.boolean_mask(done, tf.logical_not(_is_blank(done)))
 
-  return line_batches.scan(tf.constant(""), step)
+  return line_batches.scan(tf.constant(""), as_written(step))
 
 
 def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
@@ -233,7 +243,7 @@ def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
   field = int(spec.arg) if spec.kind == "tsv" else -1
   ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
   ds = ds.flat_map(_line_batches(field, None))
-  return ds.map(lambda b: tf.boolean_mask(b, tf.logical_not(_is_blank(b)))).unbatch()
+  return ds.map(as_written(lambda b: tf.boolean_mask(b, tf.logical_not(_is_blank(b))))).unbatch()
 
 
 # ------------------------------------------------------------------------------------------
@@ -276,7 +286,7 @@ class Source(specs.NamedSpec):
     choices.check("data.doc_format", doc_format)
     if self.spec.kind == "tfds":
       ds, key = self._tfds_documents(process_index, process_count, shuffle_seed)
-      docs = ds.map(key).filter(lambda d: tf.size(_nonempty_docs(d[None], stats)) > 0)
+      docs = ds.map(as_written(key)).filter(as_written(lambda d: tf.size(_nonempty_docs(d[None], stats)) > 0))
     else:
       files = check_files(list_files(self.spec.pattern, self.owner), self.owner, stats)
       if not files:
@@ -293,39 +303,39 @@ class Source(specs.NamedSpec):
       if self.spec.kind == "tfrecord":
         gz = files[0].endswith(".gz")
         docs = files_ds.interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if gz else ""),
+            as_written(lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP" if gz else "")),
             cycle_length=cycle, block_length=16, num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True)
         if not by_file:
           docs = docs.shard(process_count, process_index)
         if holdout:
-          docs = docs.filter(lambda r: _holdout_keep(r, holdout, eval_percent))
-        docs = docs.map(_parse_tokenized).filter(lambda ids: tf.size(ids) > 0)
+          docs = docs.filter(as_written(lambda r: _holdout_keep(r, holdout, eval_percent)))
+        docs = docs.map(as_written(_parse_tokenized)).filter(as_written(lambda ids: tf.size(ids) > 0))
       else:
         # Text stays in vectors of lines / documents up to the final unbatch: per-element
         # tf.data overhead would otherwise cost more than reading and cleaning the text.
         field = int(self.spec.arg) if self.spec.kind == "tsv" else -1
         line_batches = _line_batches(field, stats)
         if doc_format == "blank_line":
-          read = lambda f: _group_blank_lines(line_batches(f), stats)  # noqa: E731
+          read = as_written(lambda f: _group_blank_lines(line_batches(f), stats))
         else:
           read = line_batches
         batches = files_ds.interleave(read, cycle_length=cycle, block_length=1,
                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        batches = batches.map(lambda b: _nonempty_docs(b, stats))
+        batches = batches.map(as_written(lambda b: _nonempty_docs(b, stats)))
         if holdout and by_file:
           batches = batches.map(
-              lambda b: tf.boolean_mask(b, _holdout_keep(b, holdout, eval_percent)))
+              as_written(lambda b: tf.boolean_mask(b, _holdout_keep(b, holdout, eval_percent))))
         docs = batches.unbatch()
         if not by_file:
           docs = docs.shard(process_count, process_index)
           if holdout:
-            docs = docs.filter(lambda d: _holdout_keep(d, holdout, eval_percent))
+            docs = docs.filter(as_written(lambda d: _holdout_keep(d, holdout, eval_percent)))
       if repeat and not by_file:
         docs = docs.repeat()
       return docs
     if holdout:
-      docs = docs.filter(lambda d: _holdout_keep(d, holdout, eval_percent))
+      docs = docs.filter(as_written(lambda d: _holdout_keep(d, holdout, eval_percent)))
     return docs
 
   def _tfds_builder(self):

@@ -113,7 +113,7 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
     else:
       r = packer.segmented(doc_batches, to_ids, finite=not repeat)
     if with_source:
-      r = r.map(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32)))
+      r = r.map(sources.as_written(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32))))
     rows.append(r)
 
   if len(rows) == 1:
@@ -141,9 +141,10 @@ def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) 
       n = batch_size - tf.shape(b["input_ids"])[0]
       return {k: tf.pad(v, [[0, n]] + [[0, 0]] * (len(v.shape) - 1),
                         constant_values=pad if k == "input_ids" else 0) for k, v in b.items()}
-    batches = rows.batch(batch_size).map(fill_up)
+    batches = rows.batch(batch_size).map(sources.as_written(fill_up))
   shape = [batch_size, c.seq_len]
-  batches = batches.map(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)]) for k, v in b.items()})
+  batches = batches.map(sources.as_written(lambda b: {k: tf.ensure_shape(v, shape[:len(v.shape)])
+                                                    for k, v in b.items()}))
 
   options = tf.data.Options()
   options.deterministic = True
