@@ -1,9 +1,10 @@
 """Ahead-of-time compile of the real train step for a TPU topology, on this CPU (tools/aot_compile.py).
 
 libtpu (the `[tpu]` extra) lets XLA's TPU compiler run without a TPU. The tool runs in a
-subprocess so that libtpu is never loaded into the pytest process. Two compiles in all (about a
-minute of CPU): a tiny model that fits on v5p:2x2x2 with every mesh axis 2, and one with an
-absurd batch that does not fit on v5e:2x2 (XLA refuses it early, in a few seconds).
+subprocess so that libtpu is never loaded into the pytest process. Four compiles in all (about two
+minutes of CPU): a tiny model that fits on v5p:2x2x2 with every mesh axis 2, the same on two slices of
+v5e:2x2, and two phases of a phased run; and one with an absurd batch that does not fit on v5e:2x2
+(XLA refuses it early, in a few seconds).
 """
 import importlib.util
 import json
@@ -18,11 +19,11 @@ from mlm_jax.config import phases as phases_lib
 from mlm_jax.training import aot
 
 
-# A hidden-256, 4-head, vocab-32000 encoder at seq 128, 2 layers, on top of configs/demo.py with
+# A hidden-256, 4-head, vocab-32000 encoder at seq 128, 1 layer, on top of configs/demo.py with
 # every field the assertions depend on set here (the demo's own sizes change with its recipe).
-# TPU compile time on 2 cores is mostly a per-program constant, but layers still add to it.
+# TPU compile time on 2 cores is mostly a per-program constant, but a second layer adds ~20% to it.
 TINY = ["--config=configs/demo.py", "--config.model.vocab_size=32000", "--config.model.hidden_size=256",
-        "--config.model.num_heads=4", "--config.model.intermediate_size=1024", "--config.model.num_layers=2",
+        "--config.model.num_heads=4", "--config.model.intermediate_size=1024", "--config.model.num_layers=1",
         "--config.model.dtype=bfloat16", "--config.data.seq_len=128", "--config.model.max_position_embeddings=130",
         "--config.masking.max_predictions=0", "--config.masking.mask_rate=0.15", "--config.optimizer.grad_accum_steps=1",
         "--config.model.attention_impl=xla"]   # XLA cost analysis (FLOPs, optimal time) covers the xla path only
@@ -95,7 +96,7 @@ def test_table_renders_from_json_lines(fit_report, tmp_path):
 
 
 def test_absurd_batch_exits_1_with_one_line_verdict():
-  p = _tool(*TINY, "--config.model.num_layers=1", "--topology=v5e:2x2", "--config.train.batch_size=65536")
+  p = _tool(*TINY, "--topology=v5e:2x2", "--config.train.batch_size=65536")
   assert p.returncode == 1, p.stdout + p.stderr[-3000:]
   verdict = [line for line in p.stderr.splitlines() if line.startswith("does not fit:")]
   assert len(verdict) == 1, p.stderr[-3000:]
@@ -154,7 +155,7 @@ def test_a_run_in_phases_reports_every_phase_and_goes_on_after_one_that_cannot_b
   args = [a.replace("configs/demo.py", "configs/demo.py:phases") for a in TINY if "seq_len" not in a]
   phases = ("({'name':'pretrain','end_step':4},{'name':'extend','end_step':8,'data.seq_len':64,"
             "'train.batch_size':18},{'name':'decay','end_step':12,'train.batch_size':16})")
-  p = _tool(*args, "--config.model.num_layers=1", "--topology=v5e:2x2", "--config.train.batch_size=16",
+  p = _tool(*args, "--topology=v5e:2x2", "--config.train.batch_size=16",
             f"--config.phases={phases}")
   assert p.returncode == 1, p.stdout + p.stderr[-3000:]
   assert "demo [pretrain] on v5e:2x2: 4 x TPU v5 lite" in p.stdout and "batch 16 x 32 (4 per device)" in p.stdout

@@ -1,9 +1,11 @@
 """After pretraining: export to transformers, fill-mask parity, and continued pretraining from HF.
 
 The "demo pretraining" here is configs/demo.py shrunk so the suite stays fast: a 2-layer, 64-wide
-model, 60 steps of 8 x 64 tokens on 200 kB of the demo corpus with a 1000-piece tokenizer. It runs
-on 4 fake CPU devices with a (data=2, tensor=2) mesh, so the checkpoint is sharded, and the export
-runs in a separate process with one device - the "pod checkpoint on a laptop" case.
+model, 20 steps of 8 x 64 tokens on the session's demo corpus and 1000-piece tokenizer (conftest.py). It
+runs on 4 fake CPU devices with a (data=2, tensor=2) mesh, so the checkpoint is sharded, and the export
+runs in a separate process with one device - the "pod checkpoint on a laptop" case. The continued
+pretraining from a transformers model runs the same command but for init_from, so it reuses the
+compiled steps.
 """
 import importlib.util
 import json
@@ -30,7 +32,11 @@ def _tool(name):
   return module
 
 
-def _train_cmd(workdir, corpus, spm, *overrides, steps):
+STEPS = 20
+
+
+def _train_cmd(workdir, corpus, spm, *overrides, steps=STEPS):
+  """The demo pretraining on a (data=2, tensor=2) mesh (run with devices=4)."""
   return [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
           "--config.demo_corpus=False", f"--config.data.sources=('docs={corpus}',)",
           f"--config.data.tokenizer={spm}", "--config.data.seq_len=64", "--config.data.shuffle_buffer=100",
@@ -38,10 +44,11 @@ def _train_cmd(workdir, corpus, spm, *overrides, steps):
           "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
           "--config.train.batch_size=8", f"--config.train.steps={steps}", "--config.train.log_every=1",
           "--config.train.eval_every=1000", "--config.train.eval_batches=1",
-          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=5", *overrides]
+          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=5",
+          "--config.optimizer.learning_rate=3e-3", "--config.mesh.data=2", "--config.mesh.tensor=2", *overrides]
 
 
-def _run(cmd, devices=1, timeout=300):
+def _run(cmd, devices=4, timeout=300):
   return subprocess.run(cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=timeout)
 
 
@@ -52,25 +59,21 @@ def _losses(workdir):
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
+def pretrained(tmp_path_factory, corpus_and_tokenizer):
   """(workdir, corpus, tokenizer) of a short demo pretraining on a 2x2 mesh of 4 devices."""
-  from mlm_jax.data import demo_corpus
-  from mlm_jax.data.tokenizers import spm_training
-  root = tmp_path_factory.mktemp("fill_mask")
-  corpus = demo_corpus.write(str(root / "corpus"), max_bytes=200_000)
-  tok = spm_training.train([corpus], str(root / "spm"), vocab_size=1000, layout="xlmr", verbose=False)
-  workdir = root / "run"
-  p = _run(_train_cmd(workdir, corpus, tok.model_path, "--config.mesh.data=2", "--config.mesh.tensor=2",
-                      "--config.optimizer.learning_rate=3e-3", steps=60), devices=4)
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  corpus, spm = corpus_and_tokenizer
+  workdir = tmp_path_factory.mktemp("fill_mask") / "run"
+  p = _run(_train_cmd(workdir, corpus, spm))
   assert p.returncode == 0, p.stderr[-3000:]
   assert "'data': 2" in p.stderr and "'tensor': 2" in p.stderr
-  return workdir, corpus, tok
+  return workdir, corpus, tokenizer_load.load(spm)
 
 
 def test_exported_folder_in_pipeline_matches_fill_mask(pretrained, tmp_path, capsys):
   workdir, _, tok = pretrained
   out = tmp_path / "hf"
-  p = _run([sys.executable, "tools/convert_checkpoint.py", "to_hf", f"--workdir={workdir}", f"--out={out}"])
+  p = _run([sys.executable, "tools/convert_checkpoint.py", "to_hf", f"--workdir={workdir}", f"--out={out}"], devices=1)
   assert p.returncode == 0, p.stderr[-3000:]
   assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json", "spm.model"} <= set(os.listdir(out))
@@ -102,7 +105,8 @@ def test_exported_folder_in_pipeline_matches_fill_mask(pretrained, tmp_path, cap
 
 
 def test_from_hf_continues_pretraining(pretrained, tmp_path, capsys):
-  """A random transformers XLM-R, imported with from_hf, trains with the binary: finite, falling loss."""
+  """A random transformers XLM-R, imported with from_hf, trains with the binary (on the sharded mesh of the
+  pretraining, whose compiled steps it reuses): finite, falling loss."""
   _, corpus, tok = pretrained
   torch.manual_seed(0)
   cfg = transformers.XLMRobertaConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2,
@@ -117,10 +121,9 @@ def test_from_hf_continues_pretraining(pretrained, tmp_path, capsys):
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
   run = tmp_path / "run"
-  p = _run(_train_cmd(run, corpus, tok.model_path, *summary["train_flags"], "--config.optimizer.learning_rate=3e-3",
-                      steps=20))
+  p = _run(_train_cmd(run, corpus, tok.model_path, *summary["train_flags"]))
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"initialized parameters from {tmp_path / 'ours'}" in p.stderr
   losses = _losses(run)
-  assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
+  assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
   assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.2, losses

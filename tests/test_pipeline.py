@@ -16,6 +16,7 @@ from mlm_jax.data.store import shards
 from mlm_jax.data.store import prepare
 from mlm_jax.data.text import stream
 from mlm_jax.data.text import sources
+from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.data.tokenizers import spm_training
 from mlm_jax.errors import ConfigError, DataError
 
@@ -206,7 +207,7 @@ def test_resume_gives_identical_batches(shared_data, tok):
   assert resumed.get_state()["batches"] == k + n
 
 
-def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
+def test_resume_refuses_a_different_stream(shared_data, tok, corpus_and_tokenizer):
   cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}",), seq_len=32)
   state = stream.Pipeline(cfg, tok, 4, seed=0).get_state()
   cfg.packing = "concat"
@@ -215,10 +216,9 @@ def test_resume_refuses_a_different_stream(shared_data, tok, tmp_path):
   assert "\n" not in str(e.value) and "the data config differs" in str(e.value)
   with pytest.raises(DataError, match="batch_size differs"):
     stream.Pipeline(cfg, tok, 8, seed=0).set_state(dict(state, fingerprint=None))
-  # another tokenizer of the same vocabulary size
-  other = spm_training.train([f"ru=tsv:2:{shared_data / RU}"], str(tmp_path / "other"), vocab_size=1000,
-                                max_sentences_per_language=3000, verbose=False)
-  assert other.vocab_size == tok.vocab_size
+  # another tokenizer of the same vocabulary size (the session's, trained on other text)
+  other = tokenizer_load.load(corpus_and_tokenizer[1])
+  assert other.vocab_size == tok.vocab_size and other.sha256 != tok.sha256
   state = stream.Pipeline(cfg, tok, 4, seed=0).get_state()
   with pytest.raises(DataError, match="the data config differs"):
     stream.Pipeline(cfg, other, 4, seed=0).set_state(state)

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from mlm_jax.workdir import restore
@@ -33,6 +34,21 @@ def _params(model):
   return nnx.state(model, nnx.Param)
 
 
+def _init(cfg):
+  """The model's initial parameters from one jit (eagerly, each op of the init compiles on its own)."""
+  return jax.jit(lambda: _params(Encoder(cfg)))()
+
+
+@pytest.fixture(scope="module")
+def unscanned_params():
+  """The unscanned model's initial parameters; dropout, remat and the attention pattern add none."""
+  return _init(_cfg())
+
+
+def _model(cfg, params):
+  return nnx.merge(abstract_model(cfg)[0], params)
+
+
 def _forward_and_grads(model, key):
   """Hidden states and parameter gradients of a small loss, in one jit (eager grads take seconds)."""
   graphdef, params = nnx.split(model, nnx.Param)
@@ -47,9 +63,8 @@ def _forward_and_grads(model, key):
   return hidden, grads
 
 
-def test_scanned_init_is_the_unscanned_init_restacked():
-  init = lambda cfg: jax.jit(lambda: _params(Encoder(cfg)))()
-  unscanned, scanned = init(_cfg()), init(_cfg(scan_layers=True))
+def test_scanned_init_is_the_unscanned_init_restacked(unscanned_params):
+  unscanned, scanned = unscanned_params, _init(_cfg(scan_layers=True))
   restacked = bert.flatten(scan_layout.scan_params(unscanned, _cfg()))
   for name, value in bert.flatten(scanned).items():
     np.testing.assert_array_equal(value, restacked[name], err_msg=name)
@@ -58,12 +73,11 @@ def test_scanned_init_is_the_unscanned_init_restacked():
     np.testing.assert_array_equal(value, back[name], err_msg=name)
 
 
-def test_scanned_model_gives_the_unscanned_outputs_and_gradients():
+def test_scanned_model_gives_the_unscanned_outputs_and_gradients(unscanned_params):
   """With dropout on (the same key per layer), remat inside the scan, and converted params."""
   opts = dict(remat="dots", attention_dropout=0.1)   # hidden dropout off: half the compile time
-  unscanned = Encoder(_cfg(**opts))
-  graphdef, _ = abstract_model(_cfg(scan_layers=True, **opts))
-  scanned = nnx.merge(graphdef, scan_layout.scan_params(_params(unscanned), _cfg()))
+  unscanned = _model(_cfg(**opts), unscanned_params)
+  scanned = _model(_cfg(scan_layers=True, **opts), scan_layout.scan_params(unscanned_params, _cfg()))
   key = jax.random.key(7)
   h_scanned, g_scanned = _forward_and_grads(scanned, key)
   h_unscanned, g_unscanned = _forward_and_grads(unscanned, key)
@@ -73,13 +87,12 @@ def test_scanned_model_gives_the_unscanned_outputs_and_gradients():
     np.testing.assert_allclose(value, g_unscanned[name], rtol=1e-4, atol=1e-7, err_msg=name)
 
 
-def test_scanned_params_export_to_hf_and_import_back():
+def test_scanned_params_export_to_hf_and_import_back(unscanned_params):
   """to_hf of a scanned run writes the same tensors as the unscanned model; from_hf fills a scanned template."""
   cfg = _cfg(global_attention_every=0)
-  unscanned = Encoder(cfg)
-  scanned_params = scan_layout.scan_params(_params(unscanned), cfg)
+  scanned_params = scan_layout.scan_params(unscanned_params, cfg)
   sd = bert.params_to_hf(scanned_params, _cfg(global_attention_every=0, scan_layers=True), "bert")
-  want = bert.params_to_hf(_params(unscanned), cfg, "bert")
+  want = bert.params_to_hf(unscanned_params, cfg, "bert")
   assert sd.keys() == want.keys()
   for name in want:
     np.testing.assert_array_equal(sd[name], want[name], err_msg=name)
@@ -99,19 +112,18 @@ def test_stacked_axis_uses_the_layers_rule():
   assert tuple(spec) == (None, "fsdp", "tensor")
 
 
-def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path):
+def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path, unscanned_params):
   """config.init_from with another model.scan_layers than the source run: same model, either way."""
   import json
   from mlm_jax.workdir import checkpoints
-  unscanned = Encoder(_cfg(), seed=3)
   ckpt = checkpoints.Checkpointer(str(tmp_path), keep=1, async_save=False)
-  ckpt.save(0, {"params": _params(unscanned), "step": jnp.zeros((), jnp.int32)}, {})
+  ckpt.save(0, {"params": unscanned_params, "step": jnp.zeros((), jnp.int32)}, {})
   ckpt.close()
   (tmp_path / "config.json").write_text(json.dumps(dict(model=_cfg().to_dict())))
   scanned_cfg = _cfg(scan_layers=True)
   _, abstract = abstract_model(scanned_cfg)
   params = restore.restore_params_for(str(tmp_path), scanned_cfg, checkpoints.single_device(abstract))
-  graphdef, _ = nnx.split(Encoder(scanned_cfg), nnx.Param)
+  forward = lambda cfg: jax.jit(lambda p, *inputs: _model(cfg, p)(*inputs))   # one compile, not one per op
   ids, seg, pos = _inputs()
-  np.testing.assert_allclose(np.asarray(nnx.merge(graphdef, params)(ids, seg, pos)),
-                             np.asarray(unscanned(ids, seg, pos)), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(forward(scanned_cfg)(params, ids, seg, pos)),
+                             np.asarray(forward(_cfg())(unscanned_params, ids, seg, pos)), atol=1e-6)

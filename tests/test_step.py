@@ -18,7 +18,7 @@ def tiny_config(**model):
                       intermediate_size=64, max_position_embeddings=128), **model)
   c.masking.mask_id = textdata.MASK
   c.masking.special_ids = textdata.SPECIALS
-  c.optimizer.warmup_steps = 2
+  c.optimizer.warmup_steps = 0   # the first step's learning rate is the peak: it moves every parameter
   c.train.steps = 10
   c.train.batch_size = 8
   return c
@@ -30,8 +30,19 @@ def batch(shared_data):
   return textdata.packed_batches(sp, lines[200:], seq_len=64, max_rows=8)
 
 
-def _one_step(c, mesh, batch):
-  tr = trainer_lib.make_trainer(c, mesh, MLM(c))
+@pytest.fixture(scope="module")
+def still():
+  """A 1-device trainer without dropout, at a constant learning rate from step 0: the overfitting run, the
+  full-batch side of gradient accumulation and the non-finite step share its compiled step."""
+  c = tiny_config(hidden_size=64, intermediate_size=128, hidden_dropout=0.0, attention_dropout=0.0)
+  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
+  c.optimizer.update(dict(learning_rate=3e-3, schedule="constant", weight_decay=0.0))
+  c.train.steps = 400
+  return trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+
+
+def _one_step(c, mesh, batch, tr=None):
+  tr = tr or trainer_lib.make_trainer(c, mesh, MLM(c))
   state = tr.init()
   new, metrics = tr.train_step(state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
   return tr, new, jax.tree.map(np.asarray, metrics)
@@ -70,26 +81,26 @@ def test_eight_devices_match_one(batch):
   assert mu.sharding.spec == P("tensor", "fsdp")
 
 
-def test_grad_accumulation_matches_full_batch(batch):
-  c = tiny_config(hidden_dropout=0.0, attention_dropout=0.0)
-  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  _, full, mf = _one_step(c, mesh, batch)
+def test_grad_accumulation_matches_full_batch(batch, still):
+  c = still.config.copy_and_resolve_references()
+  _, full, mf = _one_step(c, still.mesh, batch, still)
   c.optimizer.grad_accum_steps = 4
-  _, acc, ma = _one_step(c, mesh, batch)
+  _, acc, ma = _one_step(c, still.mesh, batch)
   np.testing.assert_allclose(ma["loss_sum"], mf["loss_sum"], rtol=1e-5)
+  np.testing.assert_allclose(ma["grad_norm"], mf["grad_norm"], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(acc.params)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
 
 
-def test_nonfinite_update_is_skipped_and_counted(batch):
-  c = tiny_config()
-  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+def test_nonfinite_update_is_skipped_and_counted(batch, still):
+  tr = still
   state = tr.init()
-  # NaN in every 1-D parameter (biases, norms): the loss and all gradients become NaN.
-  poisoned = state.replace(params=jax.tree.map(lambda x: x * np.float32("nan") if x.ndim == 1 else x, state.params))
-  new, m = tr.train_step(poisoned, batch, jax.random.key(0))
+  # NaN in every 1-D parameter (biases, norms): the loss and all gradients become NaN. Laid out as the
+  # state the step was compiled for (the same executable, not a second compile).
+  poisoned = jax.device_put(
+      state.replace(params=jax.tree.map(lambda x: x * np.float32("nan") if x.ndim == 1 else x, state.params)),
+      tr.state_sharding)
+  new, m = tr.train_step(poisoned, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
   assert float(m["finite"]) == 0.0 and int(new.nonfinite) == 1
   # The step did not apply anything: params are the (poisoned) inputs, Adam's moments untouched.
   assert int(new.step) == 1
@@ -97,12 +108,8 @@ def test_nonfinite_update_is_skipped_and_counted(batch):
     assert not np.asarray(a).any()
 
 
-def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch):
-  c = tiny_config(hidden_size=64, intermediate_size=128, hidden_dropout=0.0, attention_dropout=0.0)
-  c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  c.optimizer.update(dict(learning_rate=3e-3, warmup_steps=20, schedule="constant", weight_decay=0.0))
-  c.train.steps = 400
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch, still):
+  tr, c = still, still.config
   state = tr.init()
   b = jax.device_put(batch, tr.batch_sharding)
   key = jax.random.key(0)
