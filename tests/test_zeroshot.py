@@ -183,3 +183,29 @@ def test_bad_input_is_one_line(data, tmp_path, shared_data):
   with pytest.raises(NoMaskedLM, match=r"^blimp: .*base_model has no MLM head"):   # a UserError: one line
     zeroshot_suite.run_blimp(init_from=str(base), source=str(base), out=str(tmp_path / "o"), fast=True,
                              random_init=False, data=str(data), log=print)
+
+
+def test_the_cpu_recipes_mask_rate_variants_get_equal_compute():
+  """configs/en_cpu_hour.py:mask30 (and :short,mask30) trains for fewer steps so that steps x FLOPs per
+  token (model/flops.py, at the slots the masking predicts on CPU) match the 15% run's within one step."""
+  import importlib.util
+  from mlm_jax.model import flops
+  from mlm_jax.objectives import masking
+  spec = importlib.util.spec_from_file_location("en_cpu_hour", pathlib.Path(__file__).resolve().parents[1]
+                                                / "configs" / "en_cpu_hour.py")
+  recipe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(recipe)
+
+  def compute(variant):
+    c = recipe.get_config(variant)
+    c.model.vocab_size = c.tokenizer.vocab_size
+    per_token = flops.flops_per_token(c.model, c.data.seq_len, masking.max_predictions(c.masking, c.data.seq_len, "cpu"))
+    return c.train.steps, per_token
+
+  for short in ("", "short,"):
+    (s15, f15), (s30, f30) = compute(short.rstrip(",")), compute(short + "mask30")
+    assert f30 > f15 and s30 < s15
+    assert abs(s30 * f30 - s15 * f15) <= f30, (short, s15, f15, s30, f30)
+    assert (recipe.FLOPS_15, recipe.FLOPS_30) == pytest.approx((f15, f30), rel=1e-3)
+  with pytest.raises(ValueError, match="mask30"):
+    recipe.get_config("mask40")
