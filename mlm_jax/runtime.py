@@ -325,7 +325,7 @@ def exit_now(code=0) -> NoReturn:
   which also stops concurrent.futures pools), the atexit handlers (logging's flush and close,
   jax.distributed's shutdown barrier, weakref finalizers: store workers, temporary folders), then
   Python's and C's stdio buffers flushed. The status is sys.exit's: None 0, an int itself, anything
-  else printed to stderr and 1. Only a process's last call: tests/test_run_path.py checks that a
+  else printed to stderr and 1. Only a process's last call: tests/test_train.py checks that a
   run's metrics, TensorBoard events and checkpoints are whole after it.
   """
   if code is None:

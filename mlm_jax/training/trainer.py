@@ -69,7 +69,7 @@ class BoundStep:
 
   def compile(self, *args) -> Callable:
     """The step compiled ahead of time for `args`' shapes, called like the step (values bound)."""
-    compiled = self.jitted.lower(*args, self.values).compile()
+    compiled = self.lower(*args).compile()
     return lambda *call_args: compiled(*call_args, self.values)
 
   def with_values(self, values: dict) -> "BoundStep":
