@@ -8,25 +8,21 @@ import hashlib
 import json
 import os
 
+from mlm_jax.workdir import checkpoints
+
 
 def digest(value) -> str:
   return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def newest_step(source: str) -> int | None:
-  """The newest checkpoint step of a pretraining workdir or converted folder (the one fine-tuning starts from)."""
-  folder = os.path.join(source, "checkpoints")
-  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
-  return max(steps) if steps else None
-
-
 def init_identity(init_from: str, random_init: bool) -> dict:
-  """What identifies the model a result was computed from: the folder, its newest checkpoint step, a hash
-  of its config.json, and whether its weights were replaced by a random init."""
+  """What identifies the model a result was computed from: the folder, its newest checkpoint step (the one
+  fine-tuning starts from; None for a transformers folder), a hash of its config.json, and whether its
+  weights were replaced by a random init."""
   with open(os.path.join(init_from, "config.json"), "rb") as f:
     init_config = hashlib.sha256(f.read()).hexdigest()[:16]
-  return dict(init_from=os.path.realpath(init_from), init_step=newest_step(init_from), init_config=init_config,
-              random_init=bool(random_init))
+  return dict(init_from=os.path.realpath(init_from), init_step=checkpoints.newest_step(init_from),
+              init_config=init_config, random_init=bool(random_init))
 
 
 def differs(saved: dict, now: dict) -> str:
