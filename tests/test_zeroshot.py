@@ -110,6 +110,31 @@ def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   assert again["zeroshot"] == json.loads(json.dumps(summary))["zeroshot"]
 
 
+def test_a_pair_longer_than_the_model_reads_is_wrong_not_an_error(data, constant_workdir):
+  """A model with fewer positions than a BLiMP sentence's tokens (the demo's 64 meet 9 of the 67,000 pairs)
+  scores every other pair; a pair with a too-long sentence is wrong even where only the good one is too long
+  (its unscored PLL must not beat the bad one's), and the summary and the table line count them."""
+  from mlm_jax.evaluation import pll, zeroshot
+  from mlm_jax.finetuning import suite_report, zeroshot_suite
+  lm = zeroshot_suite.load_masked_lm(constant_workdir, constant_workdir, random_init=False)
+  scorer, params = zeroshot_suite.scorer_for(lm)
+  paradigms = blimp.read(str(data / blimp.FOLDER))
+  pairs = [(len(g), len(b)) for p in paradigms
+           for g, b in zip(pll.encode(lm.tokenizer, p.good), pll.encode(lm.tokenizer, p.bad))]
+  scorer.max_len = min(g - 1 for g, b in pairs if g > b)   # that pair's good sentence no longer fits, its bad one does
+  assert any(b <= scorer.max_len < g for g, b in pairs) and any(max(g, b) <= scorer.max_len for g, b in pairs)
+  r = zeroshot.blimp(scorer, params, paradigms)
+  expected, at = {}, 0
+  for p in paradigms:
+    mine = pairs[at:at + len(p.good)]
+    expected[p.name] = float(np.mean([g < b and g <= scorer.max_len and b <= scorer.max_len for g, b in mine]))
+    at += len(p.good)
+  assert r["paradigms"] == pytest.approx(expected)
+  assert r["too_long"] == sum(max(g, b) > scorer.max_len for g, b in pairs) and r["longest"] == scorer.max_len
+  line = suite_report.main_table({"tasks": {}, "zeroshot": {"blimp": r}, "zeroshot_average": 100 * r["overall"]})[1]
+  assert f"{r['too_long']} longer than the model's {scorer.max_len} tokens, counted wrong" in line
+
+
 def test_a_kept_result_of_an_older_checkpoint_is_scored_again(data, constant_workdir, tmp_path):
   """The kept BLiMP result names the checkpoint it scored: after more pretraining (a newer checkpoint) the
   same command scores again instead of printing the old model's accuracy as done."""

@@ -191,6 +191,11 @@ class Scorer:
       self.step = jax.jit(logprobs, out_shardings=sharding.replicated(mesh))
       self.place = lambda a: jax.make_array_from_callback(a.shape, batch_sh, lambda idx: a[idx])
 
+  @property
+  def longest(self) -> int:
+    """The most tokens (with BOS/EOS) a sentence may have: the model's positions, at most a row."""
+    return min(self.max_len or self.row_len, self.row_len)
+
   def pack(self, sentences: list) -> Packed:
     return pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row, self.max_len)
 

@@ -176,7 +176,6 @@ class BlimpProbe:
     self.paradigms = blimp.read(blimp.folder(catalogue.data_dir(need=blimp.FOLDER)), pairs)
     self.scorer = pll.Scorer(trainer.graphdef, tok, pll.ROW_LEN, rows=Probe.ROWS, path=path, mesh=trainer.mesh,
                              max_len=pll.max_len(model_cfg))
-    self.scorer.pack(pll.encode(tok, [s for p in self.paradigms for s in p.good + p.bad]))   # fails at start
 
   def __call__(self, params) -> dict:
     from mlm_jax.evaluation import zeroshot

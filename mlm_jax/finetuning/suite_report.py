@@ -56,6 +56,11 @@ def _time(seconds: float) -> str:
   return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+def _too_long(z: dict) -> str:
+  n = z.get("too_long", 0)
+  return f"; {n} longer than the model's {z['longest']} tokens, counted wrong" if n else ""
+
+
 def main_table(summary: dict) -> list[str]:
   lines = [f"{'task':<15}{'metric':<10}{'score (mean ± std)':>20}{'seeds':>7}{'time':>10}"]
   for name, row in summary["tasks"].items():
@@ -68,7 +73,7 @@ def main_table(summary: dict) -> list[str]:
   zeroshot = summary.get("zeroshot") or {}
   for name, z in zeroshot.items():
     lines.append(f"{name:<15}{'acc':<10}{_cell(100 * z['overall']):>20}{'-':>7}{_time(z['seconds']):>10}"
-                 f"  (zero-shot, {z['pairs']} pairs)")
+                 f"  (zero-shot, {z['pairs']} pairs{_too_long(z)})")
   if zeroshot:
     lines.append(f"{'average (zero-shot)':<25}{_cell(summary['zeroshot_average']):>20}   ({len(zeroshot)} tasks)")
   return lines

@@ -79,5 +79,8 @@ def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init:
   with open(done + ".tmp", "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, sort_keys=True)
   os.replace(done + ".tmp", done)
+  if result["too_long"]:
+    log(f"[downstream] blimp: {result['too_long']} pairs have a sentence longer than the model's "
+        f"{result['longest']} tokens: counted wrong")
   log(f"[downstream] blimp: finished, accuracy {100 * result['overall']:.1f} ({result['seconds']:.0f} s)")
   return result
