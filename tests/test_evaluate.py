@@ -90,7 +90,8 @@ def pll_case(workdir):
 
 def test_packed_pll_equals_unpacked_and_transformers(pll_case, workdir, tmp_path):
   """Packed rows (segment ids, positions restarting per copy) give each sentence exactly the PLL of one copy
-  per row, and transformers' AutoModelForMaskedLM of the to_hf export agrees on the same ids to 1e-4."""
+  per row, also packed a sentence at a time (the chunks that bound memory on large sets), and transformers'
+  AutoModelForMaskedLM of the to_hf export agrees on the same ids to 1e-4."""
   import numpy as np
   from flax import nnx
   from mlm_jax.convert import folders
@@ -104,6 +105,8 @@ def test_packed_pll_equals_unpacked_and_transformers(pll_case, workdir, tmp_path
   got = packed_scorer(params, rows)
   unpacked = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, one_per_row=True)(params, rows)
   np.testing.assert_allclose(got, unpacked, rtol=0, atol=1e-4)
+  by_sentence = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, chunk_tokens=1)   # packed one sentence at a time
+  np.testing.assert_allclose(by_sentence(params, rows), got, rtol=0, atol=1e-5)
   assert got[0] == pytest.approx(_direct_pll(lm, rows[0], [[i] for i in range(1, len(rows[0]) - 1)]), abs=1e-4)
 
   pytest.importorskip("transformers")

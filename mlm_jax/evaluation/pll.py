@@ -20,6 +20,9 @@ from mlm_jax.model import sharding
 OPEN_ROWS = 8
 ROW_LEN = 128      # tokens a row by default: copies of 8-25 tokens (BLiMP's) fill ~90% of it
 SLOT_MULTIPLE = 8
+# Masked-copy tokens packed at a time (a sentence of n tokens has at most n copies of n): the host holds
+# ~100 MB of rows whatever the set's size (all of BLiMP packed at once held 2.7 GB for the demo's model).
+CHUNK_TOKENS = 1 << 22
 
 
 @dataclasses.dataclass
@@ -98,9 +101,10 @@ class _Rows:
 
 
 def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_row: bool = False,
-         max_len: int = 0) -> Packed:
+         max_len: int = 0, min_slots: int = 0) -> Packed:
   """The masked copies of `sentences` (id lists with BOS/EOS) in rows of `row_len` tokens; a sentence may
-  have at most `max_len` tokens (the model's positions; 0 = row_len): positions restart in each copy."""
+  have at most `max_len` tokens (the model's positions; 0 = row_len): positions restart in each copy.
+  Rows have at least `min_slots` prediction slots (a multiple of SLOT_MULTIPLE)."""
   max_len = min(max_len or row_len, row_len)
   special_ids = np.asarray(tok.special_ids)
   starts_of = WordStarts(tok) if whole_word else None
@@ -131,7 +135,7 @@ def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_r
     j, p = np.nonzero(m)
     slots[r].append(np.stack([offset + j * length + p, ids[p], np.full_like(p, s)], axis=1))
   per_row = [np.concatenate(x) if x else np.zeros((0, 3), np.int64) for x in slots]
-  width = max([len(x) for x in per_row] + [1])
+  width = max([len(x) for x in per_row] + [1, min_slots])
   width = -(-width // SLOT_MULTIPLE) * SLOT_MULTIPLE
   slot = np.zeros((n_rows, width, 3), np.int32)
   slot[..., 2] = -1
@@ -166,10 +170,11 @@ class Scorer:
   slots) shape; `one_per_row` gives the unpacked reference."""
 
   def __init__(self, graphdef, tok, row_len: int, *, rows: int = 64, path: str = "", whole_word: bool = False,
-               mesh=None, one_per_row: bool = False, max_len: int = 0):
+               mesh=None, one_per_row: bool = False, max_len: int = 0, chunk_tokens: int = CHUNK_TOKENS):
     from flax import nnx
     self.tok, self.row_len, self.whole_word, self.one_per_row = tok, int(row_len), whole_word, one_per_row
-    self.max_len = int(max_len)
+    self.max_len, self.chunk_tokens = int(max_len), int(chunk_tokens)
+    self.slots = 0     # the widest rows packed so far: later chunks keep that compiled shape
     self.mesh = mesh
     parallel = 1 if mesh is None else sharding._axis_size(mesh, sharding.BATCH_AXES)
     self.rows = -(-int(rows) // parallel) * parallel
@@ -197,12 +202,25 @@ class Scorer:
     return min(self.max_len or self.row_len, self.row_len)
 
   def pack(self, sentences: list) -> Packed:
-    return pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row, self.max_len)
+    p = pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row, self.max_len, self.slots)
+    self.slots = p.slot_positions.shape[1]
+    return p
 
   def __call__(self, params, sentences: list) -> np.ndarray:
-    """float64 [sentences]: the PLL of each id list (with BOS/EOS)."""
-    p = self.pack(sentences)
+    """float64 [sentences]: the PLL of each id list (with BOS/EOS), packed `chunk_tokens` at a time."""
     total = np.zeros(len(sentences), np.float64)
+    start, tokens = 0, 0
+    for i, sentence in enumerate(sentences):
+      if tokens and tokens + len(sentence) ** 2 > self.chunk_tokens:
+        self._score(params, sentences[start:i], total[start:i])
+        start, tokens = i, 0
+      tokens += len(sentence) ** 2
+    self._score(params, sentences[start:], total[start:])
+    return total
+
+  def _score(self, params, sentences: list, total: np.ndarray) -> None:
+    """Adds the PLL of each sentence into `total` (a view of the caller's array)."""
+    p = self.pack(sentences)
     for b in range(0, len(p.input_ids), self.rows):
       part = [a[b:b + self.rows] for a in (p.input_ids, p.segment_ids, p.positions, p.slot_positions,
                                            p.slot_targets, p.slot_sentence)]
@@ -213,7 +231,6 @@ class Scorer:
       lp = np.asarray(jax.device_get(self.step(params, *[self.place(a) for a in part[:5]])), np.float64)
       keep = part[5] >= 0
       np.add.at(total, part[5][keep], lp[keep])
-    return total
 
   def score_texts(self, params, texts: list) -> np.ndarray:
     return self(params, encode(self.tok, texts))
