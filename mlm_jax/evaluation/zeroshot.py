@@ -3,8 +3,8 @@
 Ties count as errors because a model that gives every sentence one score must sit at 0, not at chance
 (BabyLM 2025). For the same reason a pair with a sentence longer than the model reads (a 64-position
 model meets 9 of the 67,000) is wrong, not skipped: every model is scored on the same pairs, and the
-summary says how many (`too_long`). Accuracy overall is the mean over paradigms, as the paper reports it; per phenomenon, the
-mean over its paradigms (docs/quality.md).
+summary says how many (`too_long`). Accuracy overall is the mean over paradigms, as the paper reports it;
+per phenomenon, the mean over its paradigms (docs/quality.md).
 """
 from __future__ import annotations
 
