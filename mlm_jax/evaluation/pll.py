@@ -100,12 +100,17 @@ class _Rows:
         self.open.remove(r)
 
 
+def longest(row_len: int, max_len: int) -> int:
+  """The most tokens (with BOS/EOS) a sentence may have: the model's positions (0 = any), at most a row."""
+  return min(max_len or row_len, row_len)
+
+
 def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_row: bool = False,
          max_len: int = 0, min_slots: int = 0) -> Packed:
   """The masked copies of `sentences` (id lists with BOS/EOS) in rows of `row_len` tokens; a sentence may
   have at most `max_len` tokens (the model's positions; 0 = row_len): positions restart in each copy.
   Rows have at least `min_slots` prediction slots (a multiple of SLOT_MULTIPLE)."""
-  max_len = min(max_len or row_len, row_len)
+  max_len = longest(row_len, max_len)
   special_ids = np.asarray(tok.special_ids)
   starts_of = WordStarts(tok) if whole_word else None
   rows = _Rows(row_len, one_per_row)
@@ -198,8 +203,7 @@ class Scorer:
 
   @property
   def longest(self) -> int:
-    """The most tokens (with BOS/EOS) a sentence may have: the model's positions, at most a row."""
-    return min(self.max_len or self.row_len, self.row_len)
+    return longest(self.row_len, self.max_len)
 
   def pack(self, sentences: list) -> Packed:
     p = pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row, self.max_len, self.slots)

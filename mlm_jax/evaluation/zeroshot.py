@@ -32,7 +32,7 @@ def summarize(paradigms: list, correct: dict) -> dict:
 
 
 def blimp(scorer: pll.Scorer, params, paradigms: list) -> dict:
-  """The BLiMP summary of one masked LM: all sentences scored in one packed PLL pass."""
+  """The BLiMP summary of one masked LM: every sentence that fits the model scored by one Scorer call."""
   t0 = time.perf_counter()
   sentences = [s for p in paradigms for s in p.good + p.bad]
   ids = pll.encode(scorer.tok, sentences)
