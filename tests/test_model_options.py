@@ -126,3 +126,32 @@ def test_modernbert_switches_and_the_pre_ln_layout_of_older_configs():
   assert "layers.0.attention_norm.bias" in legacy
   with pytest.raises(ValueError, match="first_layer_attention_norm=False needs model.norm='pre'"):
     Encoder(_cfg(first_layer_attention_norm=False))
+
+
+def test_dropout_bits_do_not_repeat_past_two_to_the_32_elements():
+  """xlmr_large's attention dropout draws over a global [8192, 16, 512, 512] array (2^35 elements): rows b,
+  b + 1024 and b + 4096 must get their own bits (a uint32 flat index wraps there and repeats them). Points of
+  the array are read through their coordinates, without building it; below 2^32 elements the index is the
+  flat one, so smaller arrays keep their bits."""
+  from mlm_jax.model.encoder import bits_at, dropout_bits, index_words
+  shape = (8192, 16, 512, 512)
+  rows = np.arange(0, 8192, 1024)   # 8 rows whose flat indices agree modulo 2^32
+  n = 64   # 64 elements of each row, at the same (head, query, key) coordinates
+  rng = np.random.default_rng(0)
+  h, i, j = (rng.integers(0, d, n) for d in shape[1:])
+  at = [np.repeat(rows, n), np.tile(h, len(rows)), np.tile(i, len(rows)), np.tile(j, len(rows))]
+  high, low = index_words(shape, at=at)
+  flat = sum(np.asarray(a, np.int64) * int(np.prod(shape[d + 1:])) for d, a in enumerate(at))
+  assert np.array_equal(np.asarray(low, np.int64) + np.asarray(high, np.int64) * 16 * 512 * 512, flat)
+  seeds = jax.random.bits(jax.random.key(0), (2,), jnp.uint32)
+  bits = np.asarray(bits_at(high, low, seeds)).reshape(len(rows), n)
+  assert len({row.tobytes() for row in bits}) == len(rows), "two rows share their dropout bits"
+  # Every bit position is fair across these 512 draws (a wrapped or constant word would not be).
+  ones = np.unpackbits(bits.view(np.uint8)).reshape(-1, 32).mean(0)
+  assert np.all(np.abs(ones - 0.5) < 0.1), ones
+  # Below 2^32 elements: the high word is 0 and the bits are the flat index's, as a whole array draws them.
+  small = (3, 5, 7)
+  high, low = index_words(small)
+  assert not np.asarray(high).any() and np.array_equal(np.asarray(low).ravel(), np.arange(105))
+  whole = np.asarray(dropout_bits(jax.random.key(0), small))
+  assert np.array_equal(whole, np.asarray(bits_at(high, low, seeds)))

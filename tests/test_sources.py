@@ -267,3 +267,13 @@ def test_a_repeated_source_name_fails_before_the_tokenizer_is_trained(tmp_path):
   with pytest.raises(DataError, match="duplicate source name 'en'"):
     resolve.resolve_pretraining(c, str(tmp_path / "run"))
   assert not (tmp_path / "run" / "tokenizer").exists()
+
+
+def test_tfds_source_repeats_for_training(tfds_dir):
+  """A training source loops: a TFDS split ends after one epoch otherwise (the run dies with
+  StopIteration, or the source drops out of a mix), as file sources never do."""
+  src = sources.parse_sources(["tfds:mlm_jax_tiny_text:train"], tfds_dir)[0]
+  ds = src.documents(repeat=True, shuffle_seed=1).batch(250)
+  seen = [d.decode("utf-8") for b in ds.take(3).as_numpy_iterator() for d in b]
+  assert len(seen) == 750   # two and a half epochs of 300
+  assert collections.Counter(seen[:600]) == collections.Counter(MlmJaxTinyText.SOURCE_LINES[:300] * 2)

@@ -59,15 +59,45 @@ def dropout_bits(key, shape):
 
   Cheaper than threefry on CPU (docs/design_notes.md#encoder), as good for dropout, fused into the
   consuming op by XLA, and, like threefry, the same bits on any sharding: the index comes from an
-  iota that XLA partitions with the array.
+  iota that XLA partitions with the array. Like threefry's counter the index does not wrap: an
+  array of 2^32 elements or more (attention dropout over a global [B, heads, S, S] batch) is indexed
+  by two words (`index_words`), so no two of its elements share an index.
   """
   seeds = jax.random.bits(key, (2,), jnp.uint32)
-  index = jnp.zeros(shape, jnp.uint32)
-  stride = 1
-  for dim in reversed(range(len(shape))):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride)
-    stride *= shape[dim]
-  return _fmix32(_fmix32(index * jnp.uint32(0x9E3779B1) + seeds[0]) ^ seeds[1])
+  return bits_at(*index_words(shape), seeds)
+
+
+def index_words(shape, at=None):
+  """An element's index as two uint32 words (high, low): low is the row-major index within the
+  trailing dimensions whose product stays below 2^32, high the index over the leading ones. Below
+  2^32 elements high is 0 and low the flat index. `at`: one integer array of coordinates per
+  dimension, instead of every element's (a test reads points of an array too large to build)."""
+  shape = tuple(int(d) for d in shape)
+  split, inner = len(shape), 1
+  while split > 0 and inner * shape[split - 1] < 2**32:
+    split, inner = split - 1, inner * shape[split - 1]
+  if split > 0 and math.prod(shape[:split]) >= 2**32:
+    raise ValueError(f"dropout over shape {shape}: more than 2^64 elements")
+  if at is None:
+    at = [jax.lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(len(shape))]
+  at = [jnp.asarray(a, jnp.uint32) for a in at]
+
+  def flat(dims):
+    index, stride = jnp.zeros(at[0].shape if at else (), jnp.uint32), 1
+    for d in reversed(dims):
+      index = index + at[d] * jnp.uint32(stride)
+      stride *= shape[d]
+    return index
+
+  return flat(range(split)), flat(range(split, len(shape)))
+
+
+def bits_at(high, low, seeds):
+  """The dropout bits of elements at index words (high, low) under two uint32 seeds. An array of
+  fewer than 2^32 elements (high = 0) gets the bits it had before the high word existed."""
+  bits = _fmix32(low * jnp.uint32(0x9E3779B1) + seeds[0]) ^ seeds[1]
+  high_seed = _fmix32(seeds[0] ^ seeds[1] ^ jnp.uint32(0x5BD1E995))
+  return _fmix32(bits ^ jnp.where(high == 0, jnp.uint32(0), _fmix32(high * jnp.uint32(0x85EBCA77) + high_seed)))
 
 
 def dropout(x, rate: float, key):

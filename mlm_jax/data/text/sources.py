@@ -336,7 +336,7 @@ class Source(specs.NamedSpec):
       return docs
     if holdout:
       docs = docs.filter(as_written(lambda d: _holdout_keep(d, holdout, eval_percent)))
-    return docs
+    return docs.repeat() if repeat else docs   # TFDS shuffles its file order anew each epoch
 
   def _tfds_builder(self):
     import tensorflow_datasets as tfds
