@@ -187,6 +187,24 @@ def test_mixing_frequencies_follow_alpha(shared_data, tok):
   assert [s.size() for s in srcs][0] == (shared_data / LEIPZIG_EN).stat().st_size
 
 
+def test_hosts_draw_the_mix_independently(shared_data, tok):
+  """With data.per_host='shard' each of P hosts samples its own rows' sources: a step's share of a
+  language then varies as one draw of the global batch (binomial), not P times more as when every host
+  drew with the same seed (row j of each host from the same source)."""
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"ru=tsv:2:{shared_data / RU}"),
+             source_sizes=("en=1000", "ru=100"), mix_alpha=1.0, seq_len=16, shuffle_buffer=0)
+  hosts, local, steps = 4, 25, 40
+  drawn = np.stack([np.concatenate([b["source"] for b in stream.build_dataset(
+      cfg, tok, local, seed=3, process_index=i, process_count=hosts, with_source=True).take(steps).as_numpy_iterator()])
+      for i in range(hosts)])   # [host, steps * local]: 1 where the row is Russian
+  assert len({row.tobytes() for row in drawn}) == hosts, "hosts drew the same sources"
+  p = 100 / 1100
+  assert abs(drawn.mean() - p) < 0.02, drawn.mean()
+  share = drawn.reshape(hosts, steps, local).sum(axis=(0, 2)) / (hosts * local)   # per global step
+  ratio = share.var(ddof=1) / (p * (1 - p) / (hosts * local))   # ~1 when independent, ~hosts when copied
+  assert 0.3 < ratio < 2.0, ratio
+
+
 def test_resume_gives_identical_batches(shared_data, tok):
   cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"de={shared_data / ALICE}"),
              mix_alpha=0.5, seq_len=32, shuffle_buffer=100)

@@ -121,7 +121,10 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
   elif train and repeat:
     weights = mixing_weights(_source_sizes(srcs, c.source_sizes), c.mix_alpha)
     logging.info("data: mixing %s", {s.name: round(w, 4) for s, w in zip(srcs, weights)})
-    mixed = tf.data.Dataset.sample_from_datasets(rows, weights=weights, seed=_seed(seed, 3),
+    # Each host draws its own rows' sources (process 0 keeps the one-host stream's seed): with one
+    # seed for all, row j of every host came from the same source, and a step's mix was P copies of one draw.
+    mix_seed = _seed(seed, 3) if process_index == 0 else _seed(seed, 3, process_index)
+    mixed = tf.data.Dataset.sample_from_datasets(rows, weights=weights, seed=mix_seed,
                                                  stop_on_empty_dataset=False)
   else:  # one pass over everything, in source order
     mixed = rows[0]
