@@ -225,6 +225,31 @@ def test_resume_gives_identical_batches(shared_data, tok):
   assert resumed.get_state()["batches"] == k + n
 
 
+def test_every_process_resumes_its_own_part_from_process_0s_state(shared_data, tok):
+  """orbax writes the data position on the primary host only: with data.per_host='shard' each process
+  restores process 0's state and must continue its own part of the corpus; another process count
+  cannot replay those parts and is refused in one line that says what to do."""
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"de={shared_data / ALICE}"),
+             mix_alpha=0.5, seq_len=32, shuffle_buffer=100)
+  k, n = 5, 4
+  hosts = [stream.Pipeline(cfg, tok, 4, seed=11, process_index=i, process_count=2) for i in range(2)]
+  for p in hosts:
+    for _ in range(k):
+      next(p)
+  saved = json.loads(json.dumps(hosts[0].get_state()))
+  want = [next(hosts[1]) for _ in range(n)]
+  resumed = stream.Pipeline(cfg, tok, 4, seed=11, process_index=1, process_count=2)
+  resumed.set_state(saved)
+  for w in want:
+    got = next(resumed)
+    for key in stream.FEATURES:
+      np.testing.assert_array_equal(got[key], w[key])
+  with pytest.raises(DataError) as e:
+    stream.Pipeline(cfg, tok, 2, seed=11, process_index=0, process_count=4).set_state(saved)
+  msg = str(e.value)
+  assert "\n" not in msg and "on 4 processes" in msg and "Rerun on 2 processes" in msg and "token store" in msg, msg
+
+
 def test_resume_refuses_a_different_stream(shared_data, tok, corpus_and_tokenizer):
   cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}",), seq_len=32)
   state = stream.Pipeline(cfg, tok, 4, seed=0).get_state()

@@ -282,9 +282,11 @@ class Pipeline:
     self._batches, self._iterator = 0, None
 
   def get_state(self) -> dict:
+    """The position, as every process of a run holds it: each has read the same number of batches of
+    its own part, so process 0's state (orbax writes the data item on the primary host only) is every
+    process's, and `set_state` keeps its own process index."""
     return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
-                batch_size=self.batch_size, process_index=self.process_index,
-                process_count=self.process_count, fingerprint=self._fingerprint())
+                batch_size=self.batch_size, process_count=self.process_count, fingerprint=self._fingerprint())
 
   def set_state(self, state: dict) -> None:
     """Continue after `state['batches']` batches of the same stream (checked by fingerprint).
@@ -303,7 +305,14 @@ class Pipeline:
     mine = self.get_state()
     if saved in self._fingerprints(self.fit)[1:] + (self._fingerprints(None) if self.fit == "next" else ()):
       mine["fingerprint"] = saved
-    for key in ("seed", "split", "batch_size", "process_index", "process_count", "fingerprint"):
+    count = state.get("process_count", self.process_count)
+    if count != self.process_count:
+      raise sources.DataError(
+          f"cannot resume the streaming input on {self.process_count} processes: its checkpoint read the corpus as "
+          f"{count} per-process parts (data.per_host='shard'), which replay only on {count} processes. Rerun on "
+          f"{count} processes, or train from a token store (tools/prepare_data.py; store:DIR sources resume on any "
+          "process count)")
+    for key in ("seed", "split", "batch_size", "fingerprint"):
       if key in state and state[key] != mine[key]:
         what = "the data config" if key == "fingerprint" else key
         raise sources.DataError(
