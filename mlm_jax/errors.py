@@ -28,3 +28,19 @@ class ConversionError(UserError):
 class NoMaskedLM(ConversionError):
   """A model without an MLM head (a base or sentence-transformers model, an ELECTRA discriminator) asked
   for masked-token predictions (fill-mask, pseudo-log-likelihood, BLiMP)."""
+
+
+class Preempted(Exception):
+  """Not an error: the run saved `step` and stopped (SIGTERM on a host). The binaries exit with
+  EXIT_CODE and one line, so a scheduler that restarts failed jobs restarts it."""
+
+  EXIT_CODE = 75   # EX_TEMPFAIL (sysexits.h): a temporary failure; the same command resumes
+
+  def __init__(self, step: int, processes: int = 1):
+    super().__init__(f"saved step {step}" + (f" on all {processes} processes" if processes > 1 else ""))
+    self.step, self.processes = step, processes
+
+
+class PeerLost(Exception):
+  """Another process of a multi-process run stopped (killed, crashed, its host lost): this one stops too,
+  at once, without waiting for saves or barriers that can no longer complete."""

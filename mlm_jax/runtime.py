@@ -304,6 +304,41 @@ def start(**distributed) -> None:
   setup_logging()
 
 
+# What a collective or the coordination service says when another process of the run is gone (gloo on
+# CPU, NCCL on GPUs, the coordination service's heartbeats and barriers).
+_PEER_GONE = ("Gloo", "gloo", "NCCL", "Connection reset by peer", "Connection closed by peer", "heartbeat",
+              "coordination service", "Barrier timed out", "Socket closed", "tasks are unhealthy")
+
+
+def peer_lost(e: BaseException) -> bool:
+  """Whether `e`, raised in a process of several, means another process of the run has stopped."""
+  if "jax" not in sys.modules or isinstance(e, (KeyboardInterrupt, SystemExit)):
+    return False
+  import jax
+  from mlm_jax.errors import PeerLost, UserError
+  if isinstance(e, PeerLost):
+    return True
+  if isinstance(e, UserError) or jax.process_count() == 1:
+    return False
+  return any(m in str(e) for m in _PEER_GONE)
+
+
+def _first_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  return " ".join((lines[0] if lines else type(e).__name__).split())[:300]
+
+
+def exit_peer_lost(e: BaseException) -> NoReturn:
+  """One line, then exit 1 at once: the distributed runtime's own shutdown would wait for the lost process
+  at a barrier and then abort with a C++ stack trace."""
+  import jax
+  print(f"error: process {jax.process_index()} of {jax.process_count()} stops: another process of this run is gone "
+        f"({_first_line(e)}). Nothing newer was saved; the last complete checkpoint is intact: rerun the same "
+        "command on every host to resume from it", file=sys.stderr)
+  _flush_all()
+  os._exit(1)
+
+
 def report_user_error(e: Exception) -> None:
   """A UserError as one line on stderr."""
   print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -339,6 +374,14 @@ def exit_now(code=0) -> NoReturn:
   if shutdown is not None:
     shutdown()
   atexit._run_exitfuncs()
+  _flush_all()
+  os._exit(status)
+
+
+def _flush_all() -> None:
+  """Python's and C's buffered output (a pipe's is block-buffered), and absl's log."""
+  if "absl.logging" in sys.modules:
+    sys.modules["absl.logging"].flush()
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
@@ -348,7 +391,6 @@ def exit_now(code=0) -> NoReturn:
     ctypes.CDLL(None).fflush(None)   # C libraries' buffered stdout (a pipe's is block-buffered)
   except (OSError, AttributeError):
     pass
-  os._exit(status)
 
 
 def run(main: Callable[[list], None], exit_code: int = 1) -> NoReturn:
@@ -368,14 +410,21 @@ def run(main: Callable[[list], None], exit_code: int = 1) -> NoReturn:
 
 def _run(main: Callable[[list], None], exit_code: int) -> None:
   from absl import app
-  from mlm_jax.errors import UserError
+  from mlm_jax.errors import Preempted, UserError
   started = []
 
   def wrapped(argv):
     started.append(True)
     try:
       return main(argv)
-    except UserError as e:
+    except Preempted as e:
+      print(f"preempted: {e}; the same command resumes from it", file=sys.stderr)
+      sys.exit(Preempted.EXIT_CODE)
+    except Exception as e:
+      if peer_lost(e):
+        exit_peer_lost(e)
+      if not isinstance(e, UserError):
+        raise
       if _logs_to_file():   # the log file keeps it too; on the console the error line alone says it
         from absl import logging
         logging.error("%s", e)

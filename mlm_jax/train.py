@@ -2,7 +2,7 @@
 
 Flags -> resolve (config, tokenizer, objective) -> build (trainer, input, evaluator, probe) -> the
 one loop. Re-running the same command resumes from the latest checkpoint in DIR; SIGTERM
-(preemption) saves at the next step boundary and exits 0.
+(preemption, on any host) saves one step agreed by every host and exits 75 (training/preemption.py).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import ml_collections
 
 from mlm_jax import runtime
 from mlm_jax.data import inputs
+from mlm_jax.errors import Preempted
 from mlm_jax.evaluation import heldout, probe
 from mlm_jax.model import sharding
 from mlm_jax.training import loop, phase_runner, resolve, trainer as trainer_lib
@@ -62,16 +63,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
 def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None) -> dict:
   run = resolve.resolve_pretraining(config, workdir, overrides)
   if run.phases:
-    return _phased_loop(run, workdir).run()
-  config = run.config
-  trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), run.objective(config))
-  seq_len = config.data.seq_len
-  return loop.Loop(
-      trainer, workdir, inputs.LoopInput(host_input(run, "train", workdir)),
-      heldout.HeldOut(trainer, run.tokenizer, host_input(run, "eval", workdir)),
-      trainer_lib.fresh_or_init_from(trainer), tokens_per_example=seq_len,
-      flops_per_token=run.objective.flops_per_token(config, seq_len, config.masking.max_predictions),
-      probe=probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None).run()
+    the_loop = _phased_loop(run, workdir)
+  else:
+    config = run.config
+    trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), run.objective(config))
+    seq_len = config.data.seq_len
+    the_loop = loop.Loop(
+        trainer, workdir, inputs.LoopInput(host_input(run, "train", workdir)),
+        heldout.HeldOut(trainer, run.tokenizer, host_input(run, "eval", workdir)),
+        trainer_lib.fresh_or_init_from(trainer), tokens_per_example=seq_len,
+        flops_per_token=run.objective.flops_per_token(config, seq_len, config.masking.max_predictions),
+        probe=probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None)
+  last = the_loop.run()
+  if the_loop.preempted:
+    raise Preempted(the_loop.stopped_at, jax.process_count())
+  return last
 
 
 def main(argv):

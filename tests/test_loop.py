@@ -73,7 +73,7 @@ def test_sigterm_during_an_input_stall_exits_without_a_newer_checkpoint(tmp_path
   finally:
     proc.kill()
   assert time.monotonic() - t0 < 20
-  assert proc.returncode == 1 and "SIGTERM: the run is stuck in input" in err, err[-2000:]
+  assert proc.returncode == 1 and "preempted: the run is stuck in input" in err, err[-2000:]
   steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   assert steps and max(steps) == 4, steps   # saved every 2 steps; step 6 waits for batch 5 forever
   logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -2,15 +2,13 @@
 
 It owns what every run needs and nothing an objective decides: restore or start, the step, logging
 with one host sync per `log_every`, evaluation and probes, checkpoints with the input's position,
-and SIGTERM (save at the step boundary, exit 0). What each cadence does: docs/design_notes.md#loop.
+and preemption (SIGTERM on any host: every host saves one agreed step and stops; training/preemption.py). What each cadence does: docs/design_notes.md#loop.
 It also accounts the run's wall time (goodput, workdir/goodput.py) and traces `train.profile_steps`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import threading
 import time
 from typing import Any, Callable, Protocol
 
@@ -19,9 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from mlm_jax.errors import ConfigError, UserError
+from mlm_jax import runtime
+from mlm_jax.errors import ConfigError, PeerLost, UserError
 from mlm_jax.model import flops, sharding
-from mlm_jax.training import profiling
+from mlm_jax.training import preemption, profiling
 from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
@@ -77,7 +76,8 @@ class Loop:
   # A run in phases (training/phase_runner.PhaseSet): the trainer, input and evaluators above are then
   # each phase's, set when it begins; `trainer` is phase 0's until then.
   phases: Any = None
-  preempted: bool = False                # after run(): whether SIGTERM ended it
+  preempted: bool = False                # after run(): whether preemption ended it
+  stopped_at: int = 0                    # after run(): the last step trained (and saved, when preempted)
   _phase: Any = None                     # the current phase's PhaseParts
 
   @property
@@ -116,29 +116,39 @@ class Loop:
     workdir_files.write_config(self._config_as_run(base), self.workdir)
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
-    watch = _Preemption(t.sigterm_timeout_s, checkpointer)
+    watch = preemption.Preemption(t.sigterm_timeout_s, start, checkpointer.wait)
     logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, self.end_step,
                  t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
     gp.begin_steps(start, writer.max_step_before)
-    status, self._profiler = "error", None
+    status, self._profiler, lost = "error", None, False
     try:
       last = self._steps(state, start, checkpointer, writer, watch)
       status = "preempted" if watch.preempted else "finished"
+    except Exception as e:
+      lost = runtime.peer_lost(e)   # then a save being written cannot complete: nothing waits for it
+      if lost:
+        raise PeerLost(str(e)) from None
+      raise
     finally:   # also on an error: a save still being written finishes, and is not lost
       watch.stop()
-      if self._profiler is not None:
-        self._profiler.close()
-      with gp.phase("save"):
-        checkpointer.close()
-        if self._best is not None:
-          self._best.checkpointer.close()
-      writer.close()
-      summary = gp.close(gp.step, status)
-      if summary:
-        logging.info("%s", summary)
-    self.preempted = watch.preempted
+      if not lost:
+        self._close(checkpointer, writer, status)
+    self.preempted, self.stopped_at = watch.preempted, gp.step
     return last
+
+  def _close(self, checkpointer: checkpoints.Checkpointer, writer: MetricsWriter, status: str) -> None:
+    gp = self._goodput
+    if self._profiler is not None:
+      self._profiler.close()
+    with gp.phase("save"):
+      checkpointer.close()
+      if self._best is not None:
+        self._best.checkpointer.close()
+    writer.close()
+    summary = gp.close(gp.step, status)
+    if summary:
+      logging.info("%s", summary)
 
   def _start(self, checkpointer: checkpoints.Checkpointer):
     latest = checkpointer.latest_step()
@@ -205,9 +215,12 @@ class Loop:
     logging.info("step %d  %s", step, "  ".join(f"{k} {v:.3f}" for k, v in result.items()))
     return result
 
-  def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: "_Preemption") -> dict:
+  def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: preemption.Preemption) -> dict:
     t, gp = self.train_config, self._goodput   # self.trainer: the current phase's
     key = jax.random.key(self.trainer.config.seed)
+    if watch.stopped_at_start():
+      logging.warning("preempted before step %d: nothing new to save", start + 1)
+      return {}
     if self.evaluate is not None and t.eval_at_start and start == 0:
       with gp.phase("eval"):
         self._eval(state, 0, writer)
@@ -239,39 +252,45 @@ class Loop:
       step += 1
       gp.step = step
       prof.end(step, state)
-      final = step == end or watch.preempted
+      stop = watch.stop_at(step)   # several processes: true at the one step all of them agreed on
+      final = step == end or stop
       boundary = self._phase is not None and step == self._phase.end   # rates of a phase are its own
       if _every(step, t.log_every) or final or boundary:
         last = log.flush(step, writer)
         gp.mark(step)
-      if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not watch.preempted:
+      if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not stop:
         watch.phase = "input"
         with gp.phase("eval"):
           last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
-      if self.probe is not None and (_every(step, t.probe_every) or step == end) and not watch.preempted:
+      if self.probe is not None and (_every(step, t.probe_every) or step == end) and not stop:
         watch.phase = "input"
         with gp.phase("probe"):
           last.update(self._probe(state, step, writer))
         log.restart()
-      if _every(step, t.save_every) or step == end or watch.preempted:   # SIGTERM may come during eval
+      stop = stop or watch.requested()   # one process: SIGTERM may come during eval
+      if _every(step, t.save_every) or step == end or stop:
         watch.phase = "save"
         with gp.phase("save"):
           self._save(checkpointer, state, m, step)
         gp.mark(step)
-      if watch.preempted:
-        logging.info("SIGTERM: saved step %d, exiting", step)
+      if stop:
+        logging.warning("preempted: saved step %d%s", step,
+                        f" on all {jax.process_count()} processes" if watch.several_processes else "")
         break
     return last
 
   def _save(self, checkpointer, state, metrics, step: int) -> None:
-    if float(jax.device_get(metrics["finite"])) and checkpoints.all_finite(state.params):
-      checkpointer.save(step, state, self._saved_state())
-    elif self.train_config.nonfinite == "stop":
+    """A skipped non-finite step leaves the parameters as they were (train.nonfinite='skip'), so its state
+    is saved like any other; train.nonfinite='stop' refuses it."""
+    finite = float(jax.device_get(metrics["finite"]))
+    if not finite and self.train_config.nonfinite == "stop":
       raise UserError(f"the loss or parameters are not finite at step {step}: refusing to write a "
                       "checkpoint; the last checkpoint is intact. Lower optimizer.learning_rate")
+    if checkpoints.all_finite(state.params):
+      checkpointer.save(step, state, self._saved_state())
     else:
-      logging.warning("step %d: loss or parameters not finite, checkpoint not written", step)
+      logging.warning("step %d: parameters not finite, checkpoint not written", step)
 
 
 def _every(step: int, interval: int) -> bool:
@@ -346,58 +365,3 @@ def peak_flops(config: ml_collections.ConfigDict) -> float:
     spec = flops.accelerator_spec(jax.devices()[0].device_kind)
     per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3)
   return per * jax.device_count()
-
-
-class _Preemption:
-  """SIGTERM sets `preempted`; the loop saves at the next step boundary and exits 0.
-
-  Python runs a signal handler only between bytecodes of the main thread, so a main thread blocked
-  inside tf.data (a stalled file system, a pathological input line) would never see it. The C-level
-  handler also writes to a wakeup pipe, which a watchdog thread reads at once: if the loop has not
-  reached its save `timeout_s` later, and is not saving, the process exits (code 1) after any
-  checkpoint already being written completes, so nothing newer than the last complete step is saved.
-  """
-
-  def __init__(self, timeout_s: float, checkpointer: checkpoints.Checkpointer):
-    self.preempted, self.phase, self.timeout_s = False, "start", float(timeout_s)
-    self._checkpointer, self._done = checkpointer, threading.Event()
-    self._installed = threading.current_thread() is threading.main_thread()
-    if not self._installed:   # signals can only be handled on the main thread (tests drive loops elsewhere too)
-      return
-    self._read, self._write = os.pipe()
-    os.set_blocking(self._write, False)
-    self._old_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-    self._old_handler = signal.signal(signal.SIGTERM, self._on_signal)
-    self._thread = threading.Thread(target=self._watch, name="sigterm-watchdog", daemon=True)
-    self._thread.start()
-
-  def _on_signal(self, *_):
-    self.preempted = True
-
-  def _watch(self) -> None:
-    while not self._done.is_set():
-      data = os.read(self._read, 64)
-      if not data or signal.SIGTERM in data:
-        break
-    if self._done.is_set():
-      return
-    self.preempted = True
-    if self._done.wait(self.timeout_s) or self.phase == "save":
-      return
-    logging.error("SIGTERM: the run is stuck in %s after %.0f s; exiting without saving (the last checkpoint "
-                  "is intact)", self.phase, self.timeout_s)
-    try:
-      self._checkpointer.wait()
-    except Exception as e:   # the save being written failed: the last committed checkpoint stays
-      logging.error("%s", " ".join(str(e).split()))
-    logging.flush()
-    os._exit(1)
-
-  def stop(self) -> None:
-    self._done.set()
-    if self._installed:
-      signal.signal(signal.SIGTERM, self._old_handler)
-      signal.set_wakeup_fd(self._old_fd)
-      os.close(self._write)   # the watchdog's read returns: it sees `done` and ends
-      self._thread.join(timeout=5)
-      os.close(self._read)
