@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 
 from subproc import REPO, cpu_env
@@ -113,3 +114,40 @@ def test_zero_cadences_and_an_error_at_the_end_keep_the_saved_checkpoint(tmp_pat
   assert (tmp_path / "checkpoints" / "2" / "commit_success.txt").exists()
   logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert logged == [4]
+
+
+def test_a_skipped_step_at_a_save_boundary_is_saved(tmp_path):
+  """train.nonfinite='skip' leaves the parameters of a non-finite step as they were, so the state of a
+  skipped step is as good as the last one's: its checkpoint is written (it was dropped, so a run that
+  skipped at every save boundary saved nothing). 'stop' refuses it in one line, parameters that are not
+  finite are never saved."""
+  from mlm_jax.errors import UserError
+  from mlm_jax.training import loop as loop_lib
+  from mlm_jax.workdir import checkpoints
+  class NoInput:
+    def get_state(self):
+      return {}
+
+  def loop_of(nonfinite):
+    trainer = tiny_trainer(None, steps=4, batch_size=4, nonfinite=nonfinite)
+    return loop_lib.Loop(trainer, str(tmp_path), NoInput(), None, trainer.init, tokens_per_example=16,
+                         flops_per_token=1.0), trainer.init()
+
+  run, state = loop_of("skip")
+  ckpt = checkpoints.Checkpointer(str(tmp_path))
+  skipped = {"finite": np.float32(0.0)}
+  run._save(ckpt, state, skipped, 2)
+  ckpt.wait()
+  assert ckpt.all_steps() == [2]
+  bad = state.replace(params=jax.tree.map(lambda x: x * np.float32("nan"), state.params))
+  run._save(ckpt, bad, {"finite": np.float32(1.0)}, 3)
+  ckpt.wait()
+  assert ckpt.all_steps() == [2]
+  run, state = loop_of("stop")
+  try:
+    run._save(ckpt, state, skipped, 4)
+  except UserError as e:
+    assert "not finite at step 4" in str(e) and "intact" in str(e)
+  else:
+    raise AssertionError("nonfinite='stop' saved a skipped step")
+  ckpt.close()

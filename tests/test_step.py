@@ -1,5 +1,6 @@
 """The sharded train step: same numbers on 1 and 8 devices, parameters sharded by the rules, learns."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -106,6 +107,10 @@ def test_nonfinite_update_is_skipped_and_counted(batch, still):
   assert int(new.step) == 1
   for a in jax.tree.leaves(new.opt_state[1][0].mu):
     assert not np.asarray(a).any()
+  # ... but counted it: the optimizer's step counters (the learning-rate schedule's, Adam's) move with
+  # `step`, so the rate applied from here on is the one logged for each step.
+  counters = [x for x in jax.tree.leaves(new.opt_state) if jnp.issubdtype(x.dtype, jnp.integer)]
+  assert counters and all(int(c) == int(new.step) for c in counters), [int(c) for c in counters]
 
 
 def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch, still):

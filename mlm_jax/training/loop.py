@@ -79,6 +79,7 @@ class Loop:
   preempted: bool = False                # after run(): whether preemption ended it
   stopped_at: int = 0                    # after run(): the last step trained (and saved, when preempted)
   _phase: Any = None                     # the current phase's PhaseParts
+  _best: Any = None                      # _Best, when best_metric is set (made by run())
 
   @property
   def train_config(self) -> ml_collections.ConfigDict:

@@ -82,7 +82,9 @@ def _microbatches(batch, n):
 
 def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, finite,
                     platform: str = "cpu") -> TrainState:
-  """One optimizer update; a non-finite step leaves params and optimizer untouched (and is counted).
+  """One optimizer update; a non-finite step leaves params and the optimizer's moments untouched (and is
+  counted), but its counters (optax's integer leaves: the schedule's and Adam's step counts) advance
+  with `state.step`, so the learning rate applied stays the one logged for each step.
 
   On CPU a lax.cond, whose skipped branch costs nothing; on accelerators a select, which fuses into the
   update (docs/design_notes.md#trainer). `platform` is that of the mesh the step runs on (not the
@@ -92,12 +94,16 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), new_opt
 
+  def counted(new_opt, old_opt):   # the new counters, the old everything else
+    return jax.tree.map(lambda n, o: n if jnp.issubdtype(n.dtype, jnp.integer) else o, new_opt, old_opt)
+
   if platform == "cpu":
-    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
+    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, counted(update(None)[1], state.opt_state)),
+                                     None)
   else:
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     new_params, new_opt = update(None)
-    params, opt_state = keep(new_params, state.params), keep(new_opt, state.opt_state)
+    params, opt_state = keep(new_params, state.params), counted(new_opt, keep(new_opt, state.opt_state))
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
