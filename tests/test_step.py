@@ -93,6 +93,28 @@ def test_grad_accumulation_matches_full_batch(batch, still):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
 
 
+def test_grad_accumulation_keeps_each_microbatch_on_every_device():
+  """Microbatches take every n-th row, so each device's rows split evenly over them: compiled on 8
+  devices, the step with 4 microbatches has the collectives of the one without (contiguous blocks put
+  each microbatch on 2 of the 8 devices: 10 all-gathers and 13 collective-permutes instead of 3 and 0)."""
+  from mlm_jax.training import hlo_collectives
+  counts = {}
+  for accum in (1, 4):
+    c = tiny_config()
+    c.mesh.update(dict(data=8, fsdp=1, tensor=1))
+    c.train.batch_size = 32
+    c.optimizer.grad_accum_steps = accum
+    tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:8]), MLM(c))
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(tr.init),
+                         tr.state_sharding)
+    batch = {k: jax.ShapeDtypeStruct((32, 64), np.int32, sharding=tr.batch_sharding)
+             for k in ("input_ids", "segment_ids", "positions", "word_starts")}
+    hlo = tr.train_step.lower(state, batch, jax.random.key(0)).compile().as_text()
+    counts[accum] = {k: v["count"] for k, v in hlo_collectives.summary(hlo)["by_kind"].items()}
+  assert "collective-permute" not in counts[4], counts
+  assert counts[4].get("all-gather", 0) == counts[1].get("all-gather", 0), counts
+
+
 def test_nonfinite_update_is_skipped_and_counted(batch, still):
   tr = still
   state = tr.init()

@@ -77,7 +77,10 @@ class BoundStep:
 
 
 def _microbatches(batch, n):
-  return jax.tree.map(lambda x: x.reshape((n, x.shape[0] // n) + x.shape[1:]), batch)
+  """[B, ...] -> [n, B/n, ...], microbatch i = rows i, i + n, i + 2n, ...: each device's rows of the
+  batch split evenly over the microbatches, so every microbatch stays on all devices (contiguous
+  blocks put each on 1/n of them, and the step re-laid them out with all-gathers and permutes)."""
+  return jax.tree.map(lambda x: jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1), batch)
 
 
 def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, finite,
