@@ -230,11 +230,11 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
                    optional: tuple = (), item: str = "params") -> tuple[Any, int]:
   """(parameters, step) from WORKDIR/checkpoints: a training workdir or a `from_hf` output folder.
 
-  Only the `params` subtree is placed as `abstract_params` says (ShapeDtypeStructs; with shardings
-  for a mesh, or `single_device`); shapes are checked against it before anything is read. The
-  rest of the state (optimizer moments, counters) comes along onto one device: orbax restores whole
-  items, and it is a few times the parameters at most. `subtree` names a part of `params` to restore
-  as `abstract_params` (ELECTRA's `discriminator`); the rest of `params` then comes along too.
+  Only the parameters are read (orbax's partial restore), placed as `abstract_params` says
+  (ShapeDtypeStructs; with shardings for a mesh, or `single_device`); shapes are checked against it
+  before anything is read. The optimizer's moments and counters stay on disk: restoring whole items
+  put them, a few times the parameters, on one device of process 0. `subtree` names a part of
+  `params` to restore as `abstract_params` (ELECTRA's `discriminator`), alone.
   `optional`: top-level parameters the checkpoint may lack; they are then absent from the result.
   `item`: "ema" reads the moving average of the parameters (train.ema_decay) instead.
   """
@@ -242,7 +242,7 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
   if paths.missing(directory):
     raise CheckpointError(f"{directory}: missing (no checkpoint was saved in {workdir})")
   options = ocp.CheckpointManagerOptions(create=False, read_only=True)
-  manager = ocp.CheckpointManager(directory, options=options, item_handlers=_handlers())
+  manager = ocp.CheckpointManager(directory, options=options, item_handlers=dict(state=ocp.PyTreeCheckpointHandler()))
   try:
     steps = list(manager.all_steps())
     if not steps:
@@ -260,12 +260,10 @@ def restore_params(workdir: str, abstract_params: Any, step: int | None = None, 
     placed = {subtree: abstract_params} if subtree else abstract_params
     check_shapes(meta, {"params": placed}, f"{directory}/{step}",
                  hint="does config.json describe the model that wrote it?")
-    target = dict(single_device(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), dict(full))))
-    if subtree:
-      target[item] = dict(target[item], **{subtree: abstract_params})
-    else:
-      target[item] = abstract_params
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    target = {item: placed}
+    restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                     partial_restore=True)
+    restored = manager.restore(step, args=ocp.args.Composite(state=restore))
   finally:
     manager.close()
   params = restored.state[item]
