@@ -29,18 +29,19 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", -1, "This process's index (with
 _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", 60, "A process silent this long fails the job.")
 
 
-def host_input(run: resolve.Resolved, split: str, workdir: str, config=None):
+def host_input(run: resolve.Resolved, split: str, workdir: str, config=None, rows_before: int = 0):
   """This process's rows of each global batch of `split`, of the input the objective needs (of `config`,
-  a phase's input config, when given)."""
+  a phase's input config, when given, after the `rows_before` its earlier phases read)."""
   return inputs.make_input(config or run.config, run.objective.input_kind, run.tokenizer, split,
-                           process_index=jax.process_index(), process_count=jax.process_count(), workdir=workdir)
+                           process_index=jax.process_index(), process_count=jax.process_count(), workdir=workdir,
+                           rows_before=rows_before)
 
 
 def _phased_loop(run: resolve.Resolved, workdir: str) -> loop.Loop:
   """The loop of a run in phases: each phase's trainer, input and evaluators are made as it begins."""
 
-  def make_io(config, input_config, trainer):
-    return (inputs.LoopInput(host_input(run, "train", workdir, input_config)),
+  def make_io(config, input_config, trainer, rows_before):
+    return (inputs.LoopInput(host_input(run, "train", workdir, input_config, rows_before)),
             heldout.HeldOut(trainer, run.tokenizer, host_input(run, "eval", workdir, input_config)),
             probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None)
 

@@ -318,7 +318,7 @@ def test_a_phase_that_changes_only_theta_and_the_mask_rate_runs_the_compiled_ste
   config.mesh.update(dict(data=1, fsdp=1, tensor=1))
   config.phases = ({"name": "a", "end_step": 2},
                    {"name": "b", "end_step": 4, "model.rope_theta": 40_000.0, "masking.mask_rate": 0.156},
-                   {"name": "c", "end_step": 6, "data.seq_len": 64})
+                   {"name": "c", "end_step": 6, "data.seq_len": 32})
   parsed = phases_lib.parse(config)
   configs = resolve.resolve_phases(config, parsed, "cpu", MLM)
   assert [c.masking.max_predictions for c in configs] == [5, 5, 10]
@@ -335,3 +335,48 @@ def test_a_phase_that_changes_only_theta_and_the_mask_rate_runs_the_compiled_ste
   assert a.eval_step.jitted._cache_size() == 1   # b ran a's executable
   assert b.config.model.rope_theta == 40_000.0 and mb["num_predictions"] != ma["num_predictions"]
   assert mb["loss_sum"] == m_alone["loss_sum"] != ma["loss_sum"]
+
+
+@pytest.mark.parametrize("path", ["text", "store"])
+def test_phases_that_change_only_the_batch_continue_the_data_order(sources, path):
+  """Phases that change the batch size, the learning rate and the mask rate read one order of rows: phase
+  b (batch 8) starts on the row after the last that phase a (batch 4) read, as one phase with either
+  batch would. Phase c changes the sequence length: a new order, of its own seed. Checked on the rows
+  the phases' inputs really give (the inputs the binary makes, training/phase_runner + data/inputs)."""
+  import numpy as np
+  from mlm_jax.config import phases as phases_lib
+  from mlm_jax.data import inputs
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  from mlm_jax.objectives.mlm import MLM
+  from mlm_jax.training import phase_runner, resolve
+  config = _demo_config("")
+  config.data.sources = (sources[path],)
+  config.data.tokenizer = sources["spm"]
+  config.data.shuffle_buffer = 100
+  config.train.batch_size = 4
+  config.phases = ({"name": "a", "end_step": 3},
+                   {"name": "b", "end_step": 5, "train.batch_size": 8, "optimizer.learning_rate": 1e-4,
+                    "masking.mask_rate": 0.2},
+                   {"name": "c", "end_step": 6, "data.seq_len": 32})
+  tok = tokenizer_load.load(sources["spm"])
+  resolve.bind_tokenizer(config, tok)
+  parsed = phases_lib.parse(config)
+  configs = resolve.resolve_phases(config, parsed, "cpu", MLM)
+  made = []
+
+  def make_io(cfg, input_config, trainer, rows_before):
+    made.append((input_config.seed, rows_before))
+    return inputs.LoopInput(inputs.make_input(input_config, "rows", tok, rows_before=rows_before)), None, None
+
+  stages = phase_runner.PhaseSet(parsed, list(configs), None, MLM, make_io)
+  stages.trainer = lambda k: None   # the inputs alone are compared here; no step is compiled
+  rows = []
+  for k, phase in enumerate(parsed[:2]):
+    parts = stages.enter(k)
+    rows += [r for s in range(phase.start, phase.end) for r in parts.input.batch(s)["input_ids"]]
+  one_order = inputs.make_input(phase_runner.input_config(configs[0], 0), "rows", tok)
+  want = [r for _ in range(7) for r in next(one_order)["input_ids"]]   # 3 x 4 + 2 x 8 = 28 rows
+  assert len(rows) == len(want) == 28
+  np.testing.assert_array_equal(np.stack(rows), np.stack(want))
+  stages.enter(2)
+  assert made == [(config.seed, 0), (config.seed, 12), (config.seed + 2, 0)]

@@ -14,7 +14,7 @@ INPUT_KINDS = {"rows": None, "nsp_pairs": "nsp", "sop_pairs": "sop"}
 
 
 def make_input(config, input_kind: str, tokenizer, split: str = "train", *, process_index: int = 0,
-               process_count: int = 1, workdir: str = ""):
+               process_count: int = 1, workdir: str = "", rows_before: int = 0):
   """This process's rows of each global batch of `config.train.batch_size` rows.
 
   A token store (`store:DIR` sources) gives every process exactly its rows of global batches that
@@ -29,6 +29,8 @@ def make_input(config, input_kind: str, tokenizer, split: str = "train", *, proc
     input_kind: one of INPUT_KINDS, from the objective.
     tokenizer: the run's Tokenizer (the streaming path tokenizes with it; a store carries its own).
     split: 'train' or 'eval'.
+    rows_before: global rows of the same order that earlier phases of the run read: the input continues
+      after them (training/phase_runner.py decides when a phase continues the order).
   """
   if input_kind not in INPUT_KINDS:
     raise DataError(f"input kind {input_kind!r}: expected one of {sorted(INPUT_KINDS)}")
@@ -38,16 +40,22 @@ def make_input(config, input_kind: str, tokenizer, split: str = "train", *, proc
     from mlm_jax.data.store import index as store_index, loader, pairs   # only here: a text run never imports the store package
     cache_dir = store_index.cache_dir_for(workdir) if workdir else None
     if task is not None:
-      return pairs.PairPipeline(config.data, task, local, config.seed, process_index, process_count, split,
-                                cache_dir=cache_dir)
-    return loader.StorePipeline(config.data, local, config.seed, process_index, process_count, split,
-                                cache_dir=cache_dir)
+      pipeline = pairs.PairPipeline(config.data, task, local, config.seed, process_index, process_count, split,
+                                    cache_dir=cache_dir)
+    else:
+      pipeline = loader.StorePipeline(config.data, local, config.seed, process_index, process_count, split,
+                                      cache_dir=cache_dir)
+    pipeline.continue_after(rows_before)
+    return pipeline
   from mlm_jax.data.text import stream
   if config.data.per_host == "slice":
-    whole = stream.Pipeline(config.data, tokenizer, config.train.batch_size, seed=config.seed, split=split)
+    whole = stream.Pipeline(config.data, tokenizer, config.train.batch_size, seed=config.seed, split=split,
+                            rows_before=rows_before)
     return RowSlice(whole, process_index * local, local)
+  if rows_before % process_count:
+    raise DataError(f"{rows_before} rows before this phase cannot be split over {process_count} processes")
   return stream.Pipeline(config.data, tokenizer, local, seed=config.seed, process_index=process_index,
-                         process_count=process_count, split=split)
+                         process_count=process_count, split=split, rows_before=rows_before // process_count)
 
 
 class RowSlice:

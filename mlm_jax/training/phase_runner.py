@@ -6,7 +6,11 @@ one schedule over the whole run (optim.phased_schedule), and RoPE theta and the 
 passed to the step (config/step_values.py), not constants of it. A different mask rate usually means a
 different number of prediction slots (masking.max_predictions), a shape: that compiles. The train state
 carries over unchanged.
-Inputs are built when a phase begins, with the data seed + the phase index. See docs/phases.md.
+Inputs are built when a phase begins. A phase whose data section is the one before's (it changes only
+the batch size, the learning rate, RoPE theta or the mask rate) continues that phase's order of rows
+after the rows read before it; a phase that changes the data (sources, sequence length, mixing) starts a
+new order, with the data seed + the phase index, so it does not start again on the first documents of
+the corpus. See docs/phases.md.
 """
 from __future__ import annotations
 
@@ -51,19 +55,34 @@ def program_key(config) -> str:
   return json.dumps(keep, sort_keys=True, default=str)
 
 
-def input_config(config, index: int) -> ml_collections.ConfigDict:
-  """The config a phase's input is built from: the data seed moves on with each phase, so a later phase
-  does not start again on the first documents of the corpus."""
+def input_config(config, index: int) -> ml_collections.FrozenConfigDict:
+  """The config a phase's input is built from: the data seed of the order it reads (`index`: the phase
+  that began that order)."""
   out = ml_collections.ConfigDict(config.to_dict())
   out.seed = int(config.seed) + index
   return ml_collections.FrozenConfigDict(out)
 
 
+def _order(config) -> str:
+  """What defines the order of training rows: the data section, but for held-out data."""
+  return json.dumps({k: v for k, v in config.data.to_dict().items() if k != "eval_sources"}, sort_keys=True,
+                    default=str)
+
+
+def order_of(phases: list, configs: list, k: int) -> tuple[int, int]:
+  """(the phase that began the order phase k reads, the global rows of it read before phase k)."""
+  first = k
+  while first > 0 and _order(configs[first - 1]) == _order(configs[k]):
+    first -= 1
+  rows = sum((phases[i].end - phases[i].start) * int(configs[i].train.batch_size) for i in range(first, k))
+  return first, rows
+
+
 class PhaseSet:
   """The resolved phases of a run; `enter(k)` builds phase k's parts.
 
-  `make_io(config, input_config, trainer) -> (input, evaluate, probe)` is the binary's: the held-out
-  evaluator and the probe live above this layer.
+  `make_io(config, input_config, trainer, rows_before) -> (input, evaluate, probe)` is the binary's: the
+  held-out evaluator and the probe live above this layer.
   """
 
   def __init__(self, phases: list, configs: list, mesh, objective_cls, make_io: Callable):
@@ -91,7 +110,11 @@ class PhaseSet:
   def enter(self, k: int) -> PhaseParts:
     phase, config = self.phases[k], self.configs[k]
     trainer = self.trainer(k)
-    train_input, evaluate, probe = self.make_io(config, input_config(config, k), trainer)
+    first, rows_before = order_of(self.phases, self.configs, k)
+    train_input, evaluate, probe = self.make_io(config, input_config(config, first), trainer, rows_before)
+    if first < k:
+      logging.info("phase %r continues the data order of phase %r after %d rows", phase.name,
+                   self.phases[first].name, rows_before)
     seq_len = config.data.seq_len
     logging.info("phase %d/%d %r: steps %d..%d, global batch %d x %d tokens%s", k + 1, len(self.phases), phase.name,
                  phase.start, phase.end, config.train.batch_size, seq_len,

@@ -298,6 +298,10 @@ class StorePipeline:
     self._rows += self.batch_size * self.process_count
     return batch
 
+  def continue_after(self, rows: int) -> None:
+    """Start after the first `rows` global rows (an earlier phase of the run read them, in this order)."""
+    self._rows = int(rows)
+
   def rewind(self) -> None:
     self._rows = 0
     self._tokens[:] = 0

@@ -59,8 +59,11 @@ def _source_sizes(srcs, overrides: Sequence[str]) -> list:
 def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, seed: int,
                   process_index: int = 0, process_count: int = 1, split: str = "train",
                   stats: Optional[sources.Stats] = None, with_source: bool = False,
-                  repeat: Optional[bool] = None, fit: Optional[str] = None) -> tf.data.Dataset:
+                  repeat: Optional[bool] = None, fit: Optional[str] = None, skip_rows: int = 0) -> tf.data.Dataset:
   """The batched tf.data.Dataset behind `Pipeline` (no prefetch; options applied).
+
+  `skip_rows`: rows of this host's stream read before the first batch (earlier phases of a run in
+  phases that read the same order, with other batch sizes).
 
   `repeat=False` on the train split gives exactly one epoch of every source (tests, tools),
   ending like eval with the last partial row flushed and the last batch filled with padding.
@@ -131,7 +134,7 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
     for r in rows[1:]:
       mixed = mixed.concatenate(r)
 
-  return _batched(mixed, batch_size, c, tok.pad_id, repeat)
+  return _batched(mixed.skip(skip_rows) if skip_rows else mixed, batch_size, c, tok.pad_id, repeat)
 
 
 def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) -> tf.data.Dataset:
@@ -206,18 +209,23 @@ class Pipeline:
 
   def __init__(self, data_config, tokenizer: Union[tokenizer_base.Tokenizer, str],
                batch_size: int, seed: int, process_index: int = 0, process_count: int = 1,
-               split: str = "train"):
+               split: str = "train", rows_before: int = 0):
+    """`rows_before`: rows of this host's stream that earlier phases read (build_dataset's skip_rows)."""
     self.tokenizer = (tokenizer_load.load(tokenizer) if isinstance(tokenizer, str) else tokenizer)
     self.config = data_config
     self.batch_size, self.seed, self.split = batch_size, seed, split
     self.process_index, self.process_count = process_index, process_count
+    self.rows_before = int(rows_before)
     self._stats = new_stats(data_config)
     self.fit = packing_fit(data_config)
-    self._dataset = build_dataset(data_config, self.tokenizer, batch_size, seed, process_index,
-                                  process_count, split, stats=self._stats, fit=self.fit)
+    self._dataset = self._build()
     self._batches = 0
     self._iterator = None
     self._identities = None
+
+  def _build(self) -> tf.data.Dataset:
+    return build_dataset(self.config, self.tokenizer, self.batch_size, self.seed, self.process_index,
+                         self.process_count, self.split, stats=self._stats, fit=self.fit, skip_rows=self.rows_before)
 
   @property
   def dataset(self) -> tf.data.Dataset:
@@ -285,8 +293,8 @@ class Pipeline:
     """The position, as every process of a run holds it: each has read the same number of batches of
     its own part, so process 0's state (orbax writes the data item on the primary host only) is every
     process's, and `set_state` keeps its own process index."""
-    return dict(version=1, batches=self._batches, seed=self.seed, split=self.split,
-                batch_size=self.batch_size, process_count=self.process_count, fingerprint=self._fingerprint())
+    return dict(version=1, batches=self._batches, seed=self.seed, split=self.split, batch_size=self.batch_size,
+                process_count=self.process_count, rows_before=self.rows_before, fingerprint=self._fingerprint())
 
   def set_state(self, state: dict) -> None:
     """Continue after `state['batches']` batches of the same stream (checked by fingerprint).
@@ -299,9 +307,7 @@ class Pipeline:
       logging.warning("data: the checkpoint's rows are next-fit packed; resuming with "
                       "data.packing_fit='next' (config.json records it; new runs pack by %s-fit)", self.fit)
       self.fit = "next"
-      self._dataset = build_dataset(self.config, self.tokenizer, self.batch_size, self.seed,
-                                    self.process_index, self.process_count, self.split,
-                                    stats=self._stats, fit=self.fit)
+      self._dataset = self._build()
     mine = self.get_state()
     if saved in self._fingerprints(self.fit)[1:] + (self._fingerprints(None) if self.fit == "next" else ()):
       mine["fingerprint"] = saved
@@ -312,7 +318,8 @@ class Pipeline:
           f"{count} per-process parts (data.per_host='shard'), which replay only on {count} processes. Rerun on "
           f"{count} processes, or train from a token store (tools/prepare_data.py; store:DIR sources resume on any "
           "process count)")
-    for key in ("seed", "split", "batch_size", "fingerprint"):
+    state = dict(state, rows_before=state.get("rows_before", 0))   # saved before phases continued an order
+    for key in ("seed", "split", "batch_size", "rows_before", "fingerprint"):
       if key in state and state[key] != mine[key]:
         what = "the data config" if key == "fingerprint" else key
         raise sources.DataError(
