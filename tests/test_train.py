@@ -107,7 +107,7 @@ def electra_run(tmp_path_factory, corpus_and_tokenizer, shared_data):
                 "--config.train.eval_at_start=True", "--config.train.probe_every=6",
                 "--config.train.probe_tasks=('sms_spam','pos','blimp')", "--config.train.probe_train_examples=64",
                 "--config.train.probe_eval_examples=32", "--config.train.probe_blimp_pairs=1",
-                "--config.data.packing_fit=next", steps=12))
+                "--config.data.packing_fit=next", "--config.train.ema_decay=0.5", steps=12))
   assert p.returncode == 0, p.stderr[-3000:]
   return wd
 
@@ -254,6 +254,17 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   ours_g = np.asarray(pair.generator.mlm_logits(pair.generator(*args)))
   np.testing.assert_allclose(ours_d, theirs_d, atol=1e-4, rtol=1e-4)
   np.testing.assert_allclose(ours_g, theirs_g, atol=1e-4, rtol=1e-4)
+
+  # The moving average of both towers (train.ema_decay) exports through the same ELECTRA converter.
+  ema_out = tmp_path / "hf_ema"
+  assert folders.to_hf(str(electra_run), str(ema_out), ema=True)["step"] == 12
+  _, ema, _ = electra_towers.restore_pair(str(electra_run), ema=True)
+  from safetensors.numpy import load_file
+  flats = electra_towers.tower_flats(ema, config)
+  for kind, sub in ((electra_towers.DISCRIMINATOR, "discriminator"), (electra_towers.GENERATOR, "generator")):
+    got, raw = (load_file(str(o / sub / "model.safetensors")) for o in (ema_out, out))
+    assert got.keys() == raw.keys() and any(not np.array_equal(got[k], raw[k]) for k in got), sub
+    np.testing.assert_array_equal(got["electra.embeddings.word_embeddings.weight"], flats[kind]["word_embeddings"])
 
   lm = fill_mask.load(hf_dir=str(out / "generator"))
   assert fill_mask.fill_mask(lm, "the <mask> is sorted", top_k=3)["masks"][0]["predictions"]

@@ -154,7 +154,8 @@ def optimizer_defaults() -> ml_collections.ConfigDict:
   # StableAdamW, mlm_jax/training/optim.py); 0 = off.
   o.update_clip_rms = 0.0
   # False: Adam's moments are used without the 1 / (1 - b^t) correction, as in BERT's and ELECTRA's
-  # reference AdamWeightDecayOptimizer (early updates are then smaller by (1 - b1) / sqrt(1 - b2)).
+  # reference AdamWeightDecayOptimizer: update t is then (1 - b1^t) / sqrt(1 - b2^t) times the corrected one,
+  # larger early on with b2 near 1 (3.2x at step 1 with b1=0.9, b2=0.999).
   o.bias_correction = True
   o.grad_accum_steps = 1
   return o

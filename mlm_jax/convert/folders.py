@@ -55,7 +55,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   _check_out(out, overwrite)
   config = workdir_files.config_at(workdir, step)
   objective = registry.for_config(config)
-  own = None if ema else objective.to_hf(workdir, out, step, arch)   # an objective with its own transformers classes (ELECTRA)
+  own = objective.to_hf(workdir, out, step, arch, ema=ema)   # an objective with its own transformers classes (ELECTRA)
   if own is not None:
     return own
   subtree, mcfg = objective.encoder(config)

@@ -93,12 +93,12 @@ class Electra(MLM):
     return "generator", generator_config(config)
 
   @classmethod
-  def to_hf(cls, workdir: str, out: str, step, arch):
+  def to_hf(cls, workdir: str, out: str, step, arch, ema: bool = False):
     """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM)."""
     from mlm_jax.convert import electra_towers
     if arch not in (None, electra_towers.ARCH):
       raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
-    return electra_towers.to_hf(workdir, out, step)
+    return electra_towers.to_hf(workdir, out, step, ema=ema)
 
   # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):

@@ -54,9 +54,9 @@ class Objective(Protocol):
     """(path, model config) of the tower with an MLM head, which fill-mask runs."""
 
   @classmethod
-  def to_hf(cls, workdir: str, out: str, step: int | None, arch: str | None) -> dict | None:
-    """Export WORKDIR as transformers folder(s) and return the summary; None: export `encoder` as a
-    BERT / RoBERTa / XLM-R / ModernBERT masked LM (convert/folders.py)."""
+  def to_hf(cls, workdir: str, out: str, step: int | None, arch: str | None, ema: bool = False) -> dict | None:
+    """Export WORKDIR (`ema`: the moving average of its parameters) as transformers folder(s) and return the
+    summary; None: export `encoder` as a BERT / RoBERTa / XLM-R / ModernBERT masked LM (convert/folders.py)."""
 
   # --- the step (an instance, built by make_trainer from the frozen config) ---
   count_key: str

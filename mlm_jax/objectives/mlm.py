@@ -59,7 +59,7 @@ class MLM:
     return "", config.model
 
   @classmethod
-  def to_hf(cls, workdir: str, out: str, step, arch):
+  def to_hf(cls, workdir: str, out: str, step, arch, ema: bool = False):
     return None
 
   # --- the step ---
