@@ -318,7 +318,7 @@ def test_a_phase_that_changes_only_theta_and_the_mask_rate_runs_the_compiled_ste
   config.mesh.update(dict(data=1, fsdp=1, tensor=1))
   config.phases = ({"name": "a", "end_step": 2},
                    {"name": "b", "end_step": 4, "model.rope_theta": 40_000.0, "masking.mask_rate": 0.156},
-                   {"name": "c", "end_step": 6, "data.seq_len": 32})
+                   {"name": "c", "end_step": 6, "data.seq_len": 64})
   parsed = phases_lib.parse(config)
   configs = resolve.resolve_phases(config, parsed, "cpu", MLM)
   assert [c.masking.max_predictions for c in configs] == [5, 5, 10]
@@ -335,6 +335,27 @@ def test_a_phase_that_changes_only_theta_and_the_mask_rate_runs_the_compiled_ste
   assert a.eval_step.jitted._cache_size() == 1   # b ran a's executable
   assert b.config.model.rope_theta == 40_000.0 and mb["num_predictions"] != ma["num_predictions"]
   assert mb["loss_sum"] == m_alone["loss_sum"] != ma["loss_sum"]
+
+
+def test_explicit_prediction_slots_below_the_mask_rate_are_refused_also_after_a_phase_lengthens_rows():
+  """masking.max_predictions=5 holds 15% of 32 tokens; phase b's 64-token rows would silently mask 7.8%."""
+  import textdata
+  from mlm_jax.config import phases as phases_lib
+  from mlm_jax.errors import ConfigError
+  from mlm_jax.objectives.mlm import MLM
+  from mlm_jax.training import resolve
+  config = _demo_config()
+  config.model.update(dict(vocab_size=textdata.VOCAB))
+  config.masking.update(dict(mask_id=textdata.MASK, special_ids=textdata.SPECIALS, mask_rate=0.15, max_predictions=5))
+  config.data.seq_len = 32
+  config.phases = ({"name": "a", "end_step": 2}, {"name": "b", "end_step": 4, "data.seq_len": 64})
+  with pytest.raises(ConfigError) as e:
+    resolve.resolve_phases(config, phases_lib.parse(config), "cpu", MLM)
+  assert str(e.value) == ("phase 'b': masking.max_predictions=5 holds 7.8% of a 64-token row, below the mask rate "
+                          "0.15: set it to at least 10, or to 0 (sized from the rate)")
+  config.phases = ({"name": "a", "end_step": 2}, {"name": "b", "end_step": 4, "data.seq_len": 64,
+                                                  "masking.max_predictions": 10})
+  assert [c.masking.max_predictions for c in resolve.resolve_phases(config, phases_lib.parse(config), "cpu", MLM)] == [5, 10]
 
 
 @pytest.mark.parametrize("path", ["text", "store"])

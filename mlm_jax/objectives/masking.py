@@ -39,6 +39,16 @@ def max_predictions(cfg: ml_collections.ConfigDict, seq_len: int, platform: str 
   return min(seq_len, multiple * math.ceil(math.ceil(rate * seq_len) / multiple))
 
 
+def check_slots(cfg: ml_collections.ConfigDict, seq_len: int) -> None:
+  """An explicit masking.max_predictions below ceil(max rate * seq_len) would cap the rate silently
+  (BERT's 20 slots, set for seq 128, hold 3.9% of a 512-token row): refused, with the number needed."""
+  needed = min(seq_len, math.ceil(curricula.max_mask_rate(cfg) * seq_len))
+  if 0 < cfg.max_predictions < needed:
+    raise ConfigError(f"masking.max_predictions={cfg.max_predictions} holds {cfg.max_predictions / seq_len:.1%} of "
+                      f"a {seq_len}-token row, below the mask rate {curricula.max_mask_rate(cfg):g}: set it to "
+                      f"at least {needed}, or to 0 (sized from the rate)")
+
+
 def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   """Fail early, with the key named, on settings the masking cannot honour."""
   choices.check("masking.mode", cfg.mode)

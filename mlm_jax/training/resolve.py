@@ -109,6 +109,7 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: t
       config.model.attention_impl, why = "xla", f"xla, since {name} cannot use it: {e}"
   logging.info("attention: %s", why)
   if objective is not None:
+    masking.check_slots(config.masking, seq_len)
     config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
   return why
 
