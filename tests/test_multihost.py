@@ -1,27 +1,28 @@
-"""Multi-process training on JAX's distributed runtime (gloo on CPU), and the launch scripts.
+"""Pod life on one machine: the real binary as 2 processes on JAX's distributed runtime (gloo on CPU,
+4 fake devices each, as launch/local_multiprocess.sh runs it), and the launch scripts.
 
-One job of 2 processes x 4 fake CPU devices, beside one process x 8 devices on another mesh, proves
-three things: the two train exactly alike, the 2-process checkpoint continues in 1 process on another
-mesh, and a dead process stops the survivor instead of leaving it hanging.
+Each input path has one uninterrupted run, the reference, and one run that lives as a pod's does:
+preempted (SIGTERM to one process, or to all), killed (kill -9 of one process), restarted on another
+process count, and resumed to the reference's last step, whose losses it must give (1e-6).
 """
 import json
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
-import numpy as np
 import pytest
 
-from subproc import REPO, cpu_env, kill_when
+from subproc import REPO, cpu_env
 
 from test_train import RUNS_ON, _losses, _steps
 
-from mlm_jax.workdir import restore
-
-STEPS = 10
+STOP = 12          # the compared steps; the runs are configured for RUNS_ON, so none ends before a signal
+PREEMPTED = 75     # errors.Preempted.EXIT_CODE
 
 
 def _free_port():
@@ -30,95 +31,159 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _args(workdir, data, *extra, steps=STEPS):
+def _args(workdir, data, *extra):
   """`data`: (corpus, sentencepiece model) of the text path, or the directory of a token store."""
   if isinstance(data, str):
     source = [f"--config.data.sources=('store:{data}',)"]   # the store carries its tokenizer
   else:
     source = [f"--config.data.sources=('docs={data[0]}',)", f"--config.data.tokenizer={data[1]}"]
   return ["--config=configs/demo.py", f"--workdir={workdir}", "--config.demo_corpus=False", *source,
-          "--config.data.seq_len=64", "--config.data.shuffle_buffer=100", "--config.data.per_host=slice",
+          "--config.data.seq_len=64", "--config.data.shuffle_buffer=100", "--config.mesh.data=8",
           "--config.model.hidden_size=64", "--config.model.num_layers=2", "--config.model.num_heads=2",
           "--config.model.intermediate_size=128", "--config.model.max_position_embeddings=66",
-          "--config.train.batch_size=16", f"--config.train.steps={steps}", "--config.train.log_every=1",
+          "--config.train.batch_size=16", f"--config.train.steps={RUNS_ON}", "--config.train.log_every=1",
           "--config.train.eval_every=1000", "--config.train.eval_at_start=False", "--config.train.eval_batches=1",
-          f"--config.train.save_every={STEPS // 2}", "--config.train.peak_tflops_per_device=0.1",
-          "--config.optimizer.warmup_steps=2", *extra]
+          "--config.train.save_every=4", "--config.train.keep_checkpoints=100",
+          "--config.train.peak_tflops_per_device=0.1", "--config.optimizer.warmup_steps=2", *extra]
 
 
-def _single(workdir, data, *extra, steps=STEPS, wait=True):
-  cmd = [sys.executable, "-m", "mlm_jax.train", *_args(workdir, data, *extra, steps=steps)]
-  if not wait:
-    return subprocess.Popen(cmd, cwd=REPO, env=cpu_env(8), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-  return subprocess.run(cmd, cwd=REPO, env=cpu_env(8), capture_output=True, text=True, timeout=600)
+class Job:
+  """N processes of one run; each one's stderr in LOGS/<workdir name>.<leg>.p<i>.log."""
+
+  def __init__(self, n, workdir, data, *extra, logs, leg):
+    port, self.workdir, self.logs = _free_port(), pathlib.Path(workdir), []
+    self.procs = []
+    for i in range(n):
+      dist = [f"--coordinator_address=localhost:{port}", f"--num_processes={n}", f"--process_id={i}",
+              "--heartbeat_timeout_s=15"] if n > 1 else []
+      log = pathlib.Path(logs) / f"{self.workdir.name}.{leg}.p{i}.log"
+      self.logs.append(log)
+      with open(log, "w") as f:
+        self.procs.append(subprocess.Popen([sys.executable, "-m", "mlm_jax.train", *dist, *_args(workdir, data, *extra)],
+                                           cwd=REPO, env=cpu_env(8 // n), stdout=subprocess.DEVNULL, stderr=f))
+
+  def when_logged(self, step, guard_s=600):
+    """Waits until process 0 has logged the loss of `step` (or a later one)."""
+    deadline = time.time() + guard_s
+    while time.time() < deadline:
+      if max(_logged(self.workdir), default=0) >= step:
+        return
+      if any(p.poll() is not None for p in self.procs):
+        pytest.fail(f"a process ended before step {step}: {self.stderr(0)[-3000:]}")
+      time.sleep(0.02)
+    pytest.fail(f"step {step} not logged in {guard_s} s")
+
+  def wait(self, timeout=600):
+    try:
+      return [p.wait(timeout=timeout) for p in self.procs]
+    finally:
+      for p in self.procs:
+        p.kill()
+
+  def stderr(self, i):
+    return self.logs[i].read_text()
 
 
-def _multi(workdir, data, *extra, steps=STEPS, heartbeat=60):
-  port = _free_port()
-  procs = []
-  for i in range(2):
-    cmd = [sys.executable, "-m", "mlm_jax.train", f"--coordinator_address=localhost:{port}", "--num_processes=2",
-           f"--process_id={i}", f"--heartbeat_timeout_s={heartbeat}", *_args(workdir, data, *extra, steps=steps)]
-    procs.append(subprocess.Popen(cmd, cwd=REPO, env=cpu_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True))
-  return procs
+def _logged(workdir):
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  lines = path.read_text().split("\n")[:-1]   # whole lines: the last may be half written
+  return [d["step"] for d in map(json.loads, lines) if "loss" in d]
 
 
-def _params(workdir, step):
-  """The parameters of checkpoint `step`, as numpy, restored on one device."""
-  import jax
-  import ml_collections
-  cfg = ml_collections.ConfigDict(json.loads((pathlib.Path(workdir) / "config.json").read_text()))
-  _, params, restored = restore.restore_model(str(workdir), cfg.model, step)
-  assert restored == step
-  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)}
+def _lines(text, prefix):
+  return [l for l in text.splitlines() if l.startswith(prefix)]
 
 
-# The 1-process runs' mesh: every axis split, so the 2-process checkpoint (batch over 8 devices) is resharded.
-OTHER_MESH = ("--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+def _same_losses(workdir, reference):
+  got, ref = _losses(workdir), _losses(reference)
+  assert sorted(got) == sorted(ref) == list(range(1, STOP + 1)), (sorted(got), sorted(ref))
+  for s in ref:
+    assert abs(got[s] - ref[s]) <= 1e-6, (s, got[s], ref[s])
 
 
-def test_two_processes_train_like_one_restore_on_another_mesh_and_a_dead_one_stops_the_survivor(
+def _preempted_at(job):
+  """Every process exits 75 with the line that names one common saved step."""
+  assert job.wait() == [PREEMPTED] * len(job.procs), [job.stderr(i)[-2000:] for i in range(len(job.procs))]
+  lines = [_lines(job.stderr(i), "preempted: ") for i in range(len(job.procs))]
+  assert all(len(l) == 1 for l in lines), lines
+  step = int(lines[0][0].split("saved step ")[1].split()[0])
+  assert all(f"saved step {step} on all {len(job.procs)} processes" in l[0] for l in lines), lines
+  assert step in _steps(job.workdir)
+  return step
+
+
+def test_a_text_run_preempted_on_one_host_killed_and_refused_on_another_count_resumes_exactly(
     tmp_path, corpus_and_tokenizer):
-  """The 2-process job runs on (RUNS_ON steps, the same schedule as the others'): killed with -9 in one
-  process once its checkpoint of step STEPS is committed, the other must fail within 120 s (a 15 s
-  heartbeat) rather than wait forever in a collective. Meanwhile 1 process x 8 devices on another mesh
-  trains steps 1..STEPS from scratch, and another continues the job's checkpoint of step STEPS / 2."""
-  one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
-  mid = STEPS // 2
-  keep = f"--config.train.keep_checkpoints={RUNS_ON}"   # checkpoint STEPS outlives however many come after it
-  job = _multi(two, corpus_and_tokenizer, "--config.mesh.data=8", keep, steps=RUNS_ON, heartbeat=15)
-  reference = _single(one, corpus_and_tokenizer, *OTHER_MESH, f"--config.train.stop_at_step={STEPS}", steps=RUNS_ON,
-                      wait=False)
-  kill_when(job[1], lambda: STEPS in _steps(two))
-  assert STEPS in _steps(two), job[0].communicate(timeout=120)[1][-3000:]
-  resumed.mkdir()
-  shutil.copytree(two / "checkpoints" / str(mid), resumed / "checkpoints" / str(mid))
-  continued = _single(resumed, corpus_and_tokenizer, *OTHER_MESH, f"--config.train.stop_at_step={mid + 1}",
-                      steps=RUNS_ON, wait=False)
-  try:
-    _, err = job[0].communicate(timeout=120)
-  except subprocess.TimeoutExpired:
-    job[0].kill()
-    pytest.fail("the surviving process was still running 120 s after its peer died")
-  assert job[0].returncode != 0
-  tail = err[-5000:].lower()
-  assert "another task died" in tail or "heartbeat" in tail or "coordination" in tail or "error" in tail, tail
-  logs = {}
-  for name, p in (("reference", reference), ("continued", continued)):
-    _, logs[name] = p.communicate(timeout=600)
-    assert p.returncode == 0, logs[name][-3000:]
+  """The streaming input, each host reading its own part of the corpus (data.per_host='shard').
+  SIGTERM to process 1 only: both processes stop at one agreed step, save it and exit 75. Resumed, then
+  process 1 killed with -9: process 0 ends by itself, in one line, well within 2 minutes. Rerun on 1
+  process: refused in one line (the parts replay only on 2), with nothing changed. Rerun on 2: it
+  continues to STOP with the uninterrupted run's losses, and every checkpoint is there."""
+  ref_dir, wd = tmp_path / "reference", tmp_path / "pod"
+  run = lambda n, leg, *extra: Job(n, wd, corpus_and_tokenizer, *extra, logs=tmp_path, leg=leg)
+  reference = Job(2, ref_dir, corpus_and_tokenizer, f"--config.train.stop_at_step={STOP}", logs=tmp_path, leg="ref")
 
-  l1, l2 = _losses(one), _losses(two)
-  assert sorted(l1) == list(range(1, STEPS + 1)) and set(l1) <= set(l2), (sorted(l1), sorted(l2))
-  for s in l1:
-    assert abs(l1[s] - l2[s]) <= 1e-5, (s, l1[s], l2[s])
-  p1, p2 = _params(one, STEPS), _params(two, STEPS)
-  for k in p1:
-    np.testing.assert_allclose(p2[k], p1[k], rtol=1e-5, atol=1e-6, err_msg=k)
-  assert f"resuming from step {mid}" in logs["continued"]
-  assert _losses(resumed) == {mid + 1: pytest.approx(l2[mid + 1], abs=1e-5)}
+  job = run(2, "sigterm_one")
+  job.when_logged(3)
+  job.procs[1].send_signal(signal.SIGTERM)
+  first = _preempted_at(job)
+  assert 3 <= first < STOP - 3, first
+
+  job = run(2, "kill9")
+  job.when_logged(first + 2)
+  assert f"resuming from step {first}" in job.stderr(0)
+  saved = _steps(wd)
+  killed_at = time.time()
+  job.procs[1].send_signal(signal.SIGKILL)
+  codes = job.wait(timeout=120)
+  assert codes[0] != 0 and time.time() - killed_at < 120
+  lost = _lines(job.stderr(0), "error: ")
+  assert len(lost) == 1 and lost[0].startswith("error: process 0 of 2 stops: another process of this run is gone"), \
+      job.stderr(0)[-3000:]
+  assert "Traceback" not in job.stderr(0)
+  before = (_steps(wd), (wd / "metrics.jsonl").read_bytes())
+  assert set(saved) <= set(before[0])
+
+  job = run(1, "one_process")
+  assert job.wait() == [1]
+  refused = _lines(job.stderr(0), "error: ")
+  assert len(refused) == 1 and "cannot resume the streaming input on 1 processes" in refused[0] \
+      and "Rerun on 2 processes" in refused[0], job.stderr(0)[-3000:]
+  assert (_steps(wd), (wd / "metrics.jsonl").read_bytes()) == before
+
+  job = run(2, "resume", f"--config.train.stop_at_step={STOP}")
+  assert job.wait() == [0, 0], job.stderr(0)[-3000:]
+  assert reference.wait() == [0, 0], reference.stderr(0)[-3000:]
+  _same_losses(wd, ref_dir)
+  assert set(range(4, STOP + 1, 4)) | {first} <= set(_steps(wd)), _steps(wd)
+
+
+def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_exactly(tmp_path, corpus_and_tokenizer):
+  """A token store, read in two phases whose global batch doubles at step 6 (the data order continues).
+  SIGTERM to both processes at once inside phase a: one common checkpoint, exit 75. Resumed on 1
+  process x 8 devices (the store replays on any process count), across the boundary, to STOP: the
+  2-process run's losses."""
+  from mlm_jax.data.store import prepare
+  store = tmp_path / "store"
+  prepare.prepare(prepare.Options(sources=(f"docs={corpus_and_tokenizer[0]}",), tokenizer=corpus_and_tokenizer[1],
+                                  eval_percent=5.0), str(store), progress_s=1e9, log=lambda s: None)
+  phases = f"--config.phases=({{'name':'a','end_step':6}},{{'name':'b','end_step':{RUNS_ON},'train.batch_size':32}})"
+  ref_dir, wd = tmp_path / "reference", tmp_path / "pod"
+  reference = Job(2, ref_dir, str(store), phases, f"--config.train.stop_at_step={STOP}", logs=tmp_path, leg="ref")
+  job = Job(2, wd, str(store), phases, logs=tmp_path, leg="sigterm_all")
+  job.when_logged(2)
+  for p in job.procs:
+    p.send_signal(signal.SIGTERM)
+  first = _preempted_at(job)
+  assert first < 6, first   # phase a's
+  job = Job(1, wd, str(store), phases, f"--config.train.stop_at_step={STOP}", logs=tmp_path, leg="one_process")
+  assert job.wait() == [0], job.stderr(0)[-3000:]
+  assert f"resuming from step {first}" in job.stderr(0)
+  assert reference.wait() == [0, 0], reference.stderr(0)[-3000:]
+  _same_losses(wd, ref_dir)
+  assert set(range(4, STOP + 1, 4)) | {first} <= set(_steps(wd)), _steps(wd)
 
 
 LAUNCH = ["launch/tpu_vm.sh", "launch/slurm.sbatch", "launch/local_multiprocess.sh"]

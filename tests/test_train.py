@@ -459,8 +459,8 @@ def test_a_failed_save_stops_in_one_line_a_moved_copy_resumes_and_sigterm_saves(
   inside orbax's background threads) stops the run at that step: exit 1, one error line naming the
   checkpoint, no traceback; checkpoint 2 intact, the partial folder removed. The workdir and its corpus
   copied to another disk (no limit there; the data's fingerprint holds no path) resume from 2 with the
-  losses the failed run logged. SIGTERM there (preemption) saves the step it is at and exits 0; the same
-  command again continues from that step."""
+  losses the failed run logged. SIGTERM there (preemption) saves the step it is at and exits 75 (a
+  temporary failure: schedulers restart it) with one line; the same command again continues from that step."""
   corpus, spm = corpus_and_tokenizer
   wd = _copy_of(two_step_run, tmp_path)
   p = subprocess.run(_cmd(wd, corpus_and_tokenizer, "--config.train.save_every=2", steps=6), cwd=REPO, env=cpu_env(),
@@ -502,9 +502,10 @@ def test_a_failed_save_stops_in_one_line_a_moved_copy_resumes_and_sigterm_saves(
     proc.kill()
   log.seek(0)
   err = log.read()
-  assert proc.returncode == 0, err[-3000:]
+  assert proc.returncode == 75, err[-3000:]
   assert "resuming from step 2" in err
   got = _losses(bigger)
+  assert f"preempted: saved step {max(got)}; the same command resumes from it" in err.splitlines()
   for s in range(3, max(failed) + 1):
     assert abs(got[s] - failed[s]) <= 1e-6, (s, got[s], failed[s])
   last_logged = max(got)

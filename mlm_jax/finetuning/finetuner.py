@@ -15,6 +15,7 @@ import numpy as np
 from absl import logging
 
 from mlm_jax import paths, runtime
+from mlm_jax.errors import Preempted
 from mlm_jax.finetuning import heads
 from mlm_jax.model import flops, sharding
 from mlm_jax.tasks import task as task_lib
@@ -117,7 +118,7 @@ def score_more(evaluator: TaskEvaluator, config, tok, workdir: str, abstract_par
 def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None,
              extra_evals: dict | None = None) -> dict:
   """Runs (or resumes) fine-tuning; returns the scores of the best checkpoint (and under "extra" its
-  scores on `extra_evals`, see score_more)."""
+  scores on `extra_evals`, see score_more); raises errors.Preempted once SIGTERM has stopped and saved it."""
   runtime.tensorflow()
   workdir = workdir_files.make_workdir(workdir)
   with lock.held(workdir, config.train.get("lock_stale_hours", 72.0), jax.process_index()):
@@ -157,7 +158,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | 
                        best_metric=f"eval_{evaluator.best_name}")
   run_loop.run()
   if run_loop.preempted:
-    return {}
+    raise Preempted(run_loop.stopped_at, jax.process_count())   # the binary exits 75, as train's does
   result = evaluator.finish(workdir, abstract.params)
   if extra_evals:
     result["extra"] = score_more(evaluator, config, tok, workdir, abstract.params, extra_evals)

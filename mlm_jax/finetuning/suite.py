@@ -15,7 +15,7 @@ import re
 import shutil
 import time
 
-from mlm_jax.errors import DataError, NoMaskedLM
+from mlm_jax.errors import DataError, NoMaskedLM, Preempted
 from mlm_jax.finetuning import kept_result
 from mlm_jax.tasks import blimp
 from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select, select_zeroshot
@@ -136,9 +136,11 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
   log(f"[downstream] {task.name} seed {seed}: started ({config.train.steps} steps x {config.train.batch_size}"
       f"{', ' + note if note else ''})")
   t0 = time.time()
-  r = finetuner.finetune(config, workdir, init_from=init_from, extra_evals=extra_evals(task, data))
-  if not r:
-    raise SystemExit(f"[downstream] {task.name} seed {seed}: preempted; re-run the same command to resume")
+  try:
+    r = finetuner.finetune(config, workdir, init_from=init_from, extra_evals=extra_evals(task, data))
+  except Preempted:
+    log(f"[downstream] {task.name} seed {seed}: preempted")
+    raise
   result = dict(_result(task, seed, r, time.time() - t0), depends_on=depends)
   with open(done + ".tmp", "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, sort_keys=True)
