@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 
-from mlm_jax import runtime
+from mlm_jax import paths, runtime
 
 
 def main(argv=None):
@@ -65,7 +65,7 @@ def main(argv=None):
     return 1
   summary = {k: {f: v[f] for f in ("documents", "tokens", "eval_documents", "shards")}
              for k, v in manifest["sources"].items()}
-  if "://" not in args.out:
+  if not paths.is_remote(args.out):   # the reader needs a local or mounted store
     for name, share in _real_fractions(args.out, manifest, args.report_seq_len).items():
       summary[name][f"real_fraction_at_{args.report_seq_len}"] = round(share, 4)
   print(json.dumps(summary, sort_keys=True))

@@ -37,6 +37,7 @@ def _beam():
 def pipeline_options(runner: str, beam_args: Sequence[str], num_workers: Optional[int]):
   """PipelineOptions from Beam's own flags. DirectRunner: `num_workers` worker processes
   (--direct_running_mode=multi_processing, --direct_num_workers); other runners: Beam's --num_workers."""
+  _beam()
   from apache_beam.options.pipeline_options import PipelineOptions
   if runner not in RUNNERS:
     raise ConfigError(f"--runner={runner!r}: expected one of {', '.join(RUNNERS)}")
