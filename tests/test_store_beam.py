@@ -100,8 +100,9 @@ def test_beam_writes_the_in_process_store_killed_and_run_again_too(beam_pipeline
   cmd = [sys.executable, "tools/prepare_data.py", "--runner=DirectRunner", "--num_workers=2",
          f"--tokenizer={opts.tokenizer}", f"--out={out}", f"--eval_percent={opts.eval_percent}",
          f"--max_line_bytes={opts.max_line_bytes}"] + [f"--sources={s}" for s in opts.sources]
+  log = open(tmp_path / "killed.log", "wb")
   proc = subprocess.Popen(cmd, cwd=REPO, env=dict(cpu_env(), PYTHONPATH=str(REPO)), start_new_session=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          stdout=log, stderr=subprocess.STDOUT)
   try:
     deadline = time.time() + 300
     while not list(out.glob("data/*/*.json")) and proc.poll() is None and time.time() < deadline:
@@ -109,8 +110,10 @@ def test_beam_writes_the_in_process_store_killed_and_run_again_too(beam_pipeline
   finally:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    log.close()
   done = {(p.parent.name, int(p.stem)) for p in out.glob("data/*/*.json")}
-  assert 0 < len(done) < 11 and not (out / "manifest.json").exists(), done
+  assert 0 < len(done) < 11 and not (out / "manifest.json").exists(), \
+      (done, (tmp_path / "killed.log").read_text(errors="replace")[-3000:])
   manifest, counters = beam_pipeline.run(opts, str(out), "DirectRunner", TWO_WORKERS, log=lambda s: None)
   assert manifest == ref_manifest
   got, want = _files(out), _files(ref)
