@@ -24,7 +24,10 @@ setup(
         "tensorflow>=2.20,<2.22",
         "tensorflow-text>=2.20,<2.22",
         "tensorflow-datasets>=4.9.9,<4.10",
-        "sentencepiece>=0.2.0,<0.3",
+        # 0.2.3's generated sentencepiece_model_pb2 refuses a protobuf runtime older than 7.36.1 at
+        # import (a requirement it does not declare), and Apache Beam ([beam], and Dataflow's worker
+        # images) caps protobuf below 7; 0.2.2 runs on protobuf 6 and 7 alike.
+        "sentencepiece>=0.2.0,<0.2.3",
         # WordPiece (BERT) and byte-level BPE (RoBERTa) tokenizers: data/tokenizers/hf_tokenizers.py
         "tokenizers>=0.21,<0.24",
         "array-record>=0.8.1,<0.9",
@@ -45,6 +48,10 @@ setup(
         # CUDA 12 jaxlib plugin and libraries: training on NVIDIA GPUs, and compiling for H100/H200 topologies
         # on any host without a GPU (tools/aot_compile.py --topology=h100:8).
         "gpu": ["jax[cuda12]>=0.10.0,<0.11"],
+        # tools/prepare_data.py --runner=...: the token store prepared as an Apache Beam pipeline
+        # (DirectRunner here; Dataflow with the [gcp] pieces, Flink / Spark through the portable runner).
+        # Beam caps protobuf below 7, so pip resolves protobuf 6.x (TensorFlow 2.21 takes >=6.31.1).
+        "beam": ["apache-beam[gcp]>=2.77.0,<2.78"],
     },
     entry_points={
         "console_scripts": [

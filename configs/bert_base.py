@@ -1,6 +1,6 @@
 """BERT-base (Devlin et al., 2019, "BERT: Pre-training of Deep Bidirectional Transformers", arXiv:1810.04805).
 
-  # once: tokenize the corpus into a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
+  # once: tokenize the corpus into a token store (beyond one machine: --runner=DataflowRunner, docs/token_store.md)
   python tools/prepare_data.py --sources='en=/data/corpus/en/*.txt' --tokenizer=spm_bert.model \
       --out=/data/store/bert_base --num_workers=16 --eval_percent=0.1
   python -m mlm_jax.train --config=configs/bert_base.py --workdir=gs://BUCKET/bert_base

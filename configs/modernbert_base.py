@@ -4,7 +4,7 @@ Fast, Memory Efficient, and Long Context Finetuning and Inference", arXiv:2412.1
 `:pretrain` and `:extend` are those phases alone, as separate runs (the second with --config.init_from).
 
   python tools/train_tokenizer.py --input='/data/corpus/en/*.txt' --vocab_size=50368 --model_type=bpe --out=spm_bpe50k
-  # once: a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
+  # once: a token store (beyond one machine: --runner=DataflowRunner, docs/token_store.md)
   python tools/prepare_data.py --sources='en=/data/corpus/en/*.txt' --tokenizer=spm_bpe50k.model \
       --out=/data/store/modernbert --num_workers=16 --eval_percent=0.1
   python -m mlm_jax.train --config=configs/modernbert_base.py --workdir=gs://BUCKET/modernbert   # all phases

@@ -1,6 +1,6 @@
 """RoBERTa-base (Liu et al., 2019, "RoBERTa: A Robustly Optimized BERT Pretraining Approach", arXiv:1907.11692).
 
-  # once: tokenize the corpus into a token store (every host of a slice: launch/tpu_vm.sh --tool=...)
+  # once: tokenize the corpus into a token store (beyond one machine: --runner=DataflowRunner, docs/token_store.md)
   python tools/prepare_data.py --sources='en=/data/corpus/en/*.txt' --tokenizer=spm_bpe50k.model \
       --out=/data/store/roberta_base --num_workers=16 --eval_percent=0.1
   python -m mlm_jax.train --config=configs/roberta_base.py --workdir=gs://BUCKET/roberta_base

@@ -2,7 +2,7 @@
 arXiv:1911.02116). `configs/xlmr_large.py` is this file with size=large (also: --config=configs/xlmr_base.py:large).
 
   python tools/train_tokenizer.py --input='/data/cc100/*/*.txt' --vocab_size=250002 --out=spm250k
-  # once: one store, one source per language (every host of a slice: launch/tpu_vm.sh --tool=...)
+  # once: one store, one source per language (beyond one machine: --runner=DataflowRunner, docs/token_store.md)
   python tools/prepare_data.py --sources='en=/data/cc100/en/*.txt' --sources='sw=/data/cc100/sw/*.txt' ... \
       --tokenizer=spm250k.model --out=/data/store/xlmr --num_workers=16 --eval_percent=0.1
   python -m mlm_jax.train --config=configs/xlmr_base.py --workdir=gs://BUCKET/xlmr_base

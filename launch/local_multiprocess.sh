@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # Run one training job as N processes on this machine (JAX multi-controller over gloo on CPU).
 #
-#   launch/local_multiprocess.sh N [--dry-run] [--tool=PATH] ARGS...
+#   launch/local_multiprocess.sh N [--dry-run] ARGS...
 #     N        number of processes
 #     ARGS     passed to every `python -m mlm_jax.train` (e.g. --config=configs/demo.py --workdir=/tmp/run)
-#     --tool=PATH  run the tool PATH (e.g. tools/prepare_data.py) instead of the trainer, process i
-#              with --task_index=i --num_tasks=N added (no JAX coordinator)
 #   Environment: DEVICES_PER_PROCESS (default 4) CPU devices per process; PORT (default 12355) of the
 #   coordinator on localhost; PYTHON (default python3).
 #
@@ -24,11 +22,6 @@ if [[ "${1:-}" == "--dry-run" ]]; then
   dry_run=1
   shift
 fi
-tool=""
-if [[ "${1:-}" == --tool=* ]]; then
-  tool=${1#--tool=}
-  shift
-fi
 devices=${DEVICES_PER_PROCESS:-4}
 port=${PORT:-12355}
 python=${PYTHON:-python3}
@@ -37,11 +30,7 @@ log_dir=${LOG_DIR:-/tmp}
 args=$(printf ' %q' "$@")   # quoted, so config tuples like "('a=b',)" survive bash -c
 commands=()
 for ((i = 0; i < n; i++)); do
-  if [[ -n "$tool" ]]; then
-    commands+=("JAX_PLATFORMS=cpu ${python} $(printf '%q' "$tool") --task_index=${i} --num_tasks=${n}${args}")
-  else
-    commands+=("XLA_FLAGS=--xla_force_host_platform_device_count=${devices} JAX_PLATFORMS=cpu ${python} -m mlm_jax.train --coordinator_address=localhost:${port} --num_processes=${n} --process_id=${i}${args}")
-  fi
+  commands+=("XLA_FLAGS=--xla_force_host_platform_device_count=${devices} JAX_PLATFORMS=cpu ${python} -m mlm_jax.train --coordinator_address=localhost:${port} --num_processes=${n} --process_id=${i}${args}")
 done
 
 if ((dry_run)); then

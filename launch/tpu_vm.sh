@@ -12,15 +12,13 @@
 # data; e.g. --config.mesh.data=N --config.mesh.fsdp=-1 for the fsdp configs). Check the fit and the
 # DCN traffic first: tools/aot_compile.py --topology=v5p:4x4x4 --num_slices=N.
 #
-# Everything after `--` goes to `python -m mlm_jax.train` on every worker. With --tool=PATH --hosts=N
-# (e.g. --tool=tools/prepare_data.py), worker i runs `python3 PATH --task_index=i --num_tasks=N ARGS`
-# instead (no --workdir needed). The workdir must be on
+# Everything after `--` goes to `python -m mlm_jax.train` on every worker. The workdir must be on
 # GCS (gs://...): every host writes its part of each checkpoint there, and a preempted or recreated
 # slice resumes by running the same command again. JAX finds the other workers by itself on TPU VMs.
 # --dry-run prints the gcloud commands instead of running them.
 set -euo pipefail
 
-dry_run=0 name="" zone="" accelerator="" project="" version="tpu-ubuntu2204-base" spot="" tool="" hosts=0 slices=1
+dry_run=0 name="" zone="" accelerator="" project="" version="tpu-ubuntu2204-base" spot="" slices=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -30,8 +28,6 @@ while [[ $# -gt 0 ]]; do
     --project=*) project=${1#*=} ;;
     --version=*) version=${1#*=} ;;
     --spot) spot="--spot" ;;
-    --tool=*) tool=${1#*=} ;;
-    --hosts=*) hosts=${1#*=} ;;
     --num_slices=*) slices=${1#*=} ;;
     --) shift; break ;;
     *) echo "unknown option $1 (training arguments go after --)" >&2; exit 2 ;;
@@ -46,19 +42,11 @@ workdir=""
 for a in "$@"; do
   if [[ "$a" == --workdir=* ]]; then workdir=${a#--workdir=}; fi
 done
-if [[ -n "$tool" && "$hosts" -lt 1 ]]; then
-  echo "error: --tool needs --hosts=N (the number of workers of the slice)" >&2
-  exit 2
-fi
 if ! [[ "$slices" =~ ^[1-9][0-9]*$ ]]; then
   echo "error: --num_slices must be a positive integer (got '${slices}')" >&2
   exit 2
 fi
-if [[ -n "$tool" && "$slices" -gt 1 ]]; then
-  echo "error: --tool runs on one slice; drop --num_slices" >&2
-  exit 2
-fi
-if [[ -z "$tool" && "$workdir" != gs://* ]]; then
+if [[ "$workdir" != gs://* ]]; then
   echo "error: --workdir must be a gs:// path shared by all workers (got '${workdir}')" >&2
   exit 2
 fi
@@ -122,15 +110,5 @@ run git -C "$here" archive --format=tar.gz -o "$tarball" HEAD
 run gcloud compute tpus tpu-vm scp "$tarball" "$name":~/mlm_jax_src.tar.gz --worker=all "${gflags[@]}"
 run gcloud compute tpus tpu-vm ssh "$name" --worker=all "${gflags[@]}" \
   --command="rm -rf ~/mlm_jax && mkdir -p ~/mlm_jax && tar -xzf ~/mlm_jax_src.tar.gz -C ~/mlm_jax && cd ~/mlm_jax && python3 -m pip install -q -e '.[tpu]'"
-if [[ -n "$tool" ]]; then
-  pids=()
-  for ((i = 0; i < hosts; i++)); do
-    run gcloud compute tpus tpu-vm ssh "$name" --worker="$i" "${gflags[@]}" \
-      --command="cd ~/mlm_jax && python3 $(printf '%q' "$tool") --task_index=$i --num_tasks=${hosts}${train_args}" &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid"; done
-  exit 0
-fi
 run gcloud compute tpus tpu-vm ssh "$name" --worker=all "${gflags[@]}" \
   --command="cd ~/mlm_jax && python3 -m mlm_jax.train${train_args}"

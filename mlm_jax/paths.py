@@ -68,3 +68,15 @@ def local_size(path: str, default: int = 1) -> int:
     return max(1, os.path.getsize(path))
   except OSError:
     return default
+
+
+def listdir(path: str) -> list[str]:
+  """Sorted names in a folder (a remote folder's sub-folders without their trailing '/')."""
+  if is_remote(path):
+    return sorted(n.rstrip("/") for n in _gfile().listdir(path))
+  return sorted(os.listdir(path))
+
+
+def copy_file(src: str, dst: str) -> None:
+  """Copies a file between any two paths, replacing `dst` (an object store's object appears whole)."""
+  _gfile().copy(src, dst, overwrite=True)

@@ -296,10 +296,8 @@ def test_resume_errors_name_what_changed(store, tok, shared_data, tmp_path):
     _pipe(_cfg(store, tmp_path, tokenizer=other), tmp_path)
   assert "is not the tokenizer of store" in str(e.value) and "\n" not in str(e.value)
   assert _files(store) == before
-  for run in (lambda: prepare.prepare(_opts(shared_data, tok), "gs://bucket/store", log=lambda s: None),
-              lambda: _pipe(_cfg("gs://bucket/store", tmp_path), tmp_path)):
-    with pytest.raises(DataError, match="gs://bucket/store: a store must be a local or mounted directory"):
-      run()
+  with pytest.raises(DataError, match="gs://bucket/store: a store must be a local or mounted directory"):
+    _pipe(_cfg("gs://bucket/store", tmp_path), tmp_path)
   assert not os.path.exists("gs:")
   assert store_index.cache_dir_for("gs://bucket/run") == store_index.default_cache_dir()
   assert store_index.cache_dir_for("/runs/a") == "/runs/a/data_index"
@@ -332,28 +330,32 @@ def test_prepare_rerun_resume_and_workers(shared_data, tok, store, tmp_path):
   before = _files(store)
   prepare.prepare(_opts(shared_data, tok), store, progress_s=1e9, log=lambda s: None)
   assert _files(store) == before                     # re-run: nothing rewritten (mtimes too)
-  # killed midway: no manifest, a unit without its done marker, a half-written temporary shard
+  # killed midway: no manifest, a unit without its done marker, half-written temporary files (removed
+  # once every unit is done)
   killed = str(tmp_path / "killed")
   shutil.copytree(store, killed)
   os.remove(os.path.join(killed, "manifest.json"))
   os.remove(os.path.join(killed, "data", "de", "000001.json"))
   os.remove(os.path.join(killed, "data", "de", "000001.train.arrayrecord"))
-  with open(os.path.join(killed, "data", "de", "000001.eval.arrayrecord.tmp-99"), "wb") as f:
-    f.write(b"partial")
-  with pytest.raises(DataError, match="1 units not prepared yet, first de unit 1"):
-    prepare.prepare(_opts(shared_data, tok), killed, finalize_only=True, log=lambda s: None)
+  for partial in ("data/de/000001.eval.arrayrecord.tmp-99-0a1b2c3d", "data/en/000000.json.tmp-7-00000000"):
+    with open(os.path.join(killed, partial), "wb") as f:
+      f.write(b"partial")
+  with pytest.raises(DataError, match="1 units not prepared, first de unit 1"):
+    prepare.write_manifest(killed, _opts(shared_data, tok), tok, tok.sha256,
+                           prepare.plan(_opts(shared_data, tok)))
   prepare.prepare(_opts(shared_data, tok), killed, progress_s=1e9, log=lambda s: None)
-  os.remove(os.path.join(killed, "data", "de", "000001.eval.arrayrecord.tmp-99"))
   assert {k: v[0] for k, v in _files(killed).items()} == {k: v[0] for k, v in before.items()}
   two = str(tmp_path / "two")
   prepare.prepare(_opts(shared_data, tok), two, num_workers=2, progress_s=1e9, log=lambda s: None)
   assert {k: v[0] for k, v in _files(two).items()} == {k: v[0] for k, v in before.items()}
-  tasks = str(tmp_path / "tasks")   # two machines' tasks: task 1 returns, task 0 writes the manifest
-  assert prepare.prepare(_opts(shared_data, tok), tasks, task_index=1, num_tasks=2, progress_s=1e9,
-                         log=lambda s: None) is None
-  assert not os.path.exists(os.path.join(tasks, "manifest.json"))
-  prepare.prepare(_opts(shared_data, tok), tasks, task_index=0, num_tasks=2, progress_s=1e9, log=lambda s: None)
-  assert {k: v[0] for k, v in _files(tasks).items()} == {k: v[0] for k, v in before.items()}
+  # a remote root (gs:// on Dataflow; TensorFlow's ram:// here): each unit written locally, then copied
+  remote = "ram://prepare_test/store"
+  assert prepare.prepare(_opts(shared_data, tok), remote, progress_s=1e9, log=lambda s: None) == \
+      json.loads(before["manifest.json"][0])
+  import tensorflow as tf
+  got = {os.path.relpath(p, remote): tf.io.gfile.GFile(p, "rb").read()
+         for d, _, names in tf.io.gfile.walk(remote) for p in (os.path.join(d, n) for n in names)}
+  assert got == {k: v[0] for k, v in before.items()}
   with pytest.raises(DataError, match="prepared with other options"):
     prepare.prepare(_opts(shared_data, tok, doc_format="blank_line"), two, log=lambda s: None)
 

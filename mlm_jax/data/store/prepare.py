@@ -1,17 +1,22 @@
 """Prepare once: text sources -> token store (the format: shards.py).
 
 Work units depend only on the sources, and each unit's files only on its input and the options, so the
-store's bytes do not depend on workers or tasks and a killed run re-run gives the same bytes; the
-manifest is written last. How: docs/design_notes.md#prepare.
+store's bytes do not depend on the workers or on what ran them (this module's process pool, or a Beam
+runner: beam_pipeline.py), and a killed run re-run gives the same bytes; the manifest is written last.
+How: docs/design_notes.md#prepare.
 """
 import dataclasses
+import glob
+import hashlib
 import itertools
 import json
 import logging
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
+import uuid
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -87,7 +92,7 @@ def _size(path):
 # ------------------------------------------------------------------------------------------
 # One unit
 # ------------------------------------------------------------------------------------------
-class _Encoder:
+class Encoder:
   """Tokenizer-derived constants of a worker, and the held-out hash."""
 
   def __init__(self, tok: tokenizer_base.Tokenizer, eval_percent: float):
@@ -163,19 +168,63 @@ def _fsync_replace(tmp: str, path: str) -> None:
   os.replace(tmp, path)
 
 
+def _tmp(path: str) -> str:
+  """A temporary name beside `path`, never shared: a unit may be run twice at once (a runner's
+  retry or backup task, on another host of a shared filesystem, where process ids repeat)."""
+  return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def _write_atomic(path: str, write: Callable[[str], None]) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
+  tmp = _tmp(path)
   write(tmp)
   _fsync_replace(tmp, path)
 
 
-def run_unit(root: str, unit: Unit, opts: Options, enc: _Encoder, progress=None) -> dict:
-  """Tokenizes one unit and writes its shards, lengths and done marker; returns the marker."""
+def _put(path: str, data: bytes) -> None:
+  """Writes a whole small file: atomically on a local path; an object store's object appears whole."""
+  if paths.is_remote(path):
+    with paths.open_file(path, "wb") as f:
+      f.write(data)
+  else:
+    _write_atomic(path, lambda t: _write_bytes(t, data))
+
+
+def _json_bytes(obj) -> bytes:
+  return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def in_unit(unit: Unit, message: str) -> str:
+  """`message` of a failure while preparing `unit`, naming the source, the unit and its input."""
+  where = "" if unit.input in message else f" ({unit.input})"
+  return f"cannot prepare source {unit.source!r} unit {unit.index}{where}: {message}"
+
+
+def run_unit(root: str, unit: Unit, opts: Options, enc: Encoder, progress=None) -> dict:
+  """Tokenizes one unit and writes its shards, lengths and done marker (last); returns the marker.
+
+  A remote root (gs://...) gets the files written in a local temporary folder, then copied up. A
+  DataError names the source, the unit and its input.
+  """
+  try:
+    if not paths.is_remote(root):
+      return _run_unit(root, unit, opts, enc, progress)
+    with tempfile.TemporaryDirectory(prefix="mlm_jax_unit_") as local:
+      marker = _run_unit(local, unit, opts, enc, progress)
+      src, dst = (shards.unit_stem(r, unit.source, unit.index) for r in (local, root))
+      paths.makedirs(os.path.dirname(dst))
+      for name in sorted(marker["files"]) + ["json"]:
+        paths.copy_file(f"{src}.{name}", f"{dst}.{name}")
+      return marker
+  except DataError as e:
+    raise DataError(in_unit(unit, str(e))) from None
+
+
+def _run_unit(root: str, unit: Unit, opts: Options, enc: Encoder, progress) -> dict:
   stem = shards.unit_stem(root, unit.source, unit.index)
   os.makedirs(os.path.dirname(stem), exist_ok=True)
   counters = text_reader.Counters(strict=opts.strict)
   lens = {"train": [], "eval": []}
-  tmp = {s: f"{stem}.{s}.arrayrecord.tmp-{os.getpid()}" for s in shards.SPLITS}
+  tmp = {s: _tmp(f"{stem}.{s}.arrayrecord") for s in shards.SPLITS}
   writers = {s: ar.ArrayRecordWriter(tmp[s], shards.WRITER_OPTIONS) for s in shards.SPLITS}
   try:
     batch = []
@@ -199,7 +248,7 @@ def run_unit(root: str, unit: Unit, opts: Options, enc: _Encoder, progress=None)
   marker = dict(unit=unit.index, input=unit.input, train_docs=len(lens["train"]),
                 eval_docs=len(lens["eval"]), train_tokens=int(sum(lens["train"])),
                 eval_tokens=int(sum(lens["eval"])), stats=dict(counters), files=files)
-  _write_atomic(stem + ".json", lambda t: _write_json(t, marker))
+  _put(stem + ".json", _json_bytes(marker))
   return marker
 
 
@@ -213,11 +262,6 @@ def _save_npy(path, array):
     np.save(f, array)
 
 
-def _write_json(path, obj):
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-
-
 def _write_batch(batch, enc, writers, lens, counters, unit, progress):
   if not batch:
     return
@@ -227,7 +271,7 @@ def _write_batch(batch, enc, writers, lens, counters, unit, progress):
     recs = [enc.record_of([d.tolist()]) for _, d in batch]
   else:
     recs = enc.records([d for _, d in batch])
-  tokens = 0
+  docs = tokens = 0
   for rec, h in zip(recs, held):
     if rec is None:
       counters.add("empty_docs", unit.input)
@@ -235,20 +279,21 @@ def _write_batch(batch, enc, writers, lens, counters, unit, progress):
     split = "eval" if h else "train"
     writers[split].write(rec[0])
     lens[split].append(rec[1])
+    docs += 1
     tokens += rec[1]
   if progress is not None:
-    progress(len(batch), tokens)
+    progress(docs, tokens)
 
 
 # ------------------------------------------------------------------------------------------
-# Workers, tasks, manifest
+# Workers, manifest
 # ------------------------------------------------------------------------------------------
 _WORKER = {}
 
 
 def _init_worker(opts: Options, docs, tokens):
   logging.getLogger().setLevel(logging.WARNING)
-  _WORKER.update(enc=_Encoder(tokenizer_load.load(opts.tokenizer), opts.eval_percent),
+  _WORKER.update(enc=Encoder(tokenizer_load.load(opts.tokenizer), opts.eval_percent),
                  opts=opts, docs=docs, tokens=tokens)
 
 
@@ -263,25 +308,30 @@ def _run_in_worker(args):
   return unit, run_unit(root, unit, _WORKER["opts"], _WORKER["enc"], _count)
 
 
-def _done(root: str, unit: Unit) -> bool:
-  return os.path.exists(shards.unit_stem(root, unit.source, unit.index) + ".json")
+def _marker(root: str, unit: Unit) -> str:
+  return shards.unit_stem(root, unit.source, unit.index) + ".json"
 
 
-def _pin_options(root: str, opts: Options, tok: tokenizer_base.Tokenizer) -> str:
+def read_marker(root: str, unit: Unit) -> Optional[dict]:
+  """The done marker of a finished unit, None for a unit still to prepare."""
+  path = _marker(root, unit)
+  return json.loads(paths.read_bytes(path)) if paths.exists(path) else None
+
+
+def pin_options(root: str, opts: Options, tok: tokenizer_base.Tokenizer) -> str:
   """Copies the tokenizer's files into the store and pins the options; returns the tokenizer sha256."""
   tok_dir = os.path.join(root, shards.TOKENIZER_DIR)
-  os.makedirs(tok_dir, exist_ok=True)
+  paths.makedirs(tok_dir)
   for name, data in tok.files().items():
     path = os.path.join(tok_dir, name)
-    if not os.path.exists(path):
-      _write_atomic(path, lambda t, data=data: _write_bytes(t, data))
+    if not paths.exists(path):
+      _put(path, data)
   sha = tok.sha256
   key = opts.key(sha, tok.family)
   pinned = os.path.join(root, "prepare.json")
-  if not os.path.exists(pinned):
-    _write_atomic(pinned, lambda t: _write_json(t, key))
-  with open(pinned, encoding="utf-8") as f:
-    old = json.load(f)
+  if not paths.exists(pinned):
+    _put(pinned, _json_bytes(key))
+  old = json.loads(paths.read_bytes(pinned))
   changed = [k for k in key if old.get(k) != key[k]]
   if changed:
     raise DataError(f"{root} was prepared with other options ({', '.join(changed)} differ, see "
@@ -289,32 +339,18 @@ def _pin_options(root: str, opts: Options, tok: tokenizer_base.Tokenizer) -> str
   return sha
 
 
-def prepare(opts: Options, root: str, *, num_workers: int = 1, task_index: int = 0,
-            num_tasks: int = 1, finalize_only: bool = False, wait_s: float = 86400.0,
-            progress_s: float = 10.0, log: Optional[Callable[[str], None]] = None) -> Optional[dict]:
-  """Prepares this task's units, then (task 0) writes the manifest; returns it (or None)."""
+def prepare(opts: Options, root: str, *, num_workers: int = 1, progress_s: float = 10.0,
+            log: Optional[Callable[[str], None]] = None) -> dict:
+  """Prepares every unit not done yet in `num_workers` processes, then writes the manifest; returns it.
+
+  `root` may be remote (gs://...): the store is then read from a local copy or a mount (shards.py).
+  """
   log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-  if not 0 <= task_index < num_tasks:
-    raise DataError(f"--task_index={task_index} not in [0, --num_tasks={num_tasks})")
-  shards.check_local(root)
   tok = tokenizer_load.load(opts.tokenizer)
-  os.makedirs(root, exist_ok=True)
-  sha = _pin_options(root, opts, tok)
+  sha = pin_options(root, opts, tok)
   units = plan(opts)
-  if not finalize_only:
-    mine = [u for i, u in enumerate(units) if i % num_tasks == task_index and not _done(root, u)]
-    _run_units(root, opts, mine, num_workers, progress_s, log)
-  if task_index != 0:
-    return None
-  missing = [u for u in units if not _done(root, u)]
-  t0 = time.time()
-  while missing and not finalize_only and time.time() - t0 < wait_s:
-    log(f"[prepare] waiting for {len(missing)} units of other tasks (first: {missing[0].input})")
-    time.sleep(min(progress_s, 30.0))
-    missing = [u for u in missing if not _done(root, u)]
-  if missing:
-    raise DataError(f"cannot finalize {root}: {len(missing)} units not prepared yet, first "
-                    f"{missing[0].source} unit {missing[0].index} ({missing[0].input})")
+  _run_units(root, opts, [u for u in units if not paths.exists(_marker(root, u))], num_workers,
+             progress_s, log)
   return write_manifest(root, opts, tok, sha, units)
 
 
@@ -350,11 +386,18 @@ def _run_units(root, opts, units, num_workers, progress_s, log):
   report(force=True)
 
 
-def write_manifest(root, opts, tok, sha, units) -> dict:
+def write_manifest(root: str, opts: Options, tok: tokenizer_base.Tokenizer, sha: str, units: list,
+                   markers: Optional[list] = None) -> dict:
+  """Writes manifest.json from the units' done markers (read from the store unless given, in the
+  order of `units`), once every unit is done; removes the temporaries a killed run left."""
+  if markers is None:
+    markers = [read_marker(root, u) for u in units]
+  missing = [u for u, m in zip(units, markers) if m is None]
+  if missing:
+    raise DataError(f"cannot write the manifest of {root}: {len(missing)} units not prepared, first "
+                    f"{missing[0].source} unit {missing[0].index} ({missing[0].input})")
   sources = {}
-  for u in units:
-    with open(shards.unit_stem(root, u.source, u.index) + ".json", encoding="utf-8") as f:
-      marker = json.load(f)
+  for u, marker in zip(units, markers):
     src = sources.setdefault(u.source, dict(documents=0, tokens=0, eval_documents=0,
                                             eval_tokens=0, shards=0, units=[],
                                             stats={k: 0 for k in text_reader.REPAIRS}))
@@ -369,9 +412,9 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
   for src in parse_named(opts.sources):
     if src.name in sources:
       sources[src.name]["spec"] = src.spec_str
-  tok_files = {n: shards.sha256_file(os.path.join(root, shards.TOKENIZER_DIR, n))
-               for n in sorted(os.listdir(os.path.join(root, shards.TOKENIZER_DIR)))
-               if ".tmp-" not in n}
+  tok_dir = os.path.join(root, shards.TOKENIZER_DIR)
+  tok_files = {n: hashlib.sha256(paths.read_bytes(os.path.join(tok_dir, n))).hexdigest()
+               for n in paths.listdir(tok_dir) if ".tmp-" not in n}
   manifest = dict(
       format_version=shards.FORMAT_VERSION, options=opts.key(sha, tok.family),
       tokenizer=dict(model=f"{shards.TOKENIZER_DIR}/{tok.main_file}", sha256=sha, family=tok.family,
@@ -379,8 +422,11 @@ def write_manifest(root, opts, tok, sha, units) -> dict:
                      pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id, unk_id=tok.unk_id,
                      mask_id=tok.mask_id, id_dtype=shards.id_dtype(tok.vocab_size).name),
       sources=sources)
+  if not paths.is_remote(root):   # every unit is done: a temporary left is a killed run's
+    for stale in glob.glob(os.path.join(glob.escape(root), "**", "*.tmp-*"), recursive=True):
+      os.remove(stale)
   path = os.path.join(root, shards.MANIFEST)
-  text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-  if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
-    _write_atomic(path, lambda t: open(t, "w", encoding="utf-8").write(text))
+  data = _json_bytes(manifest)
+  if not paths.exists(path) or paths.read_bytes(path) != data:
+    _put(path, data)
   return manifest

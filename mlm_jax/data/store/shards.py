@@ -163,7 +163,7 @@ class Store:
         raw = f.read()
     except OSError as e:
       raise DataError(f"cannot read token store {root}: no {MANIFEST} ({e.strerror}); "
-                      "run tools/prepare_data.py (or its --finalize step) first") from None
+                      "run tools/prepare_data.py first (it writes the manifest last)") from None
     try:
       self.manifest = json.loads(raw)
     except ValueError:
