@@ -7,6 +7,7 @@ Sentences are as the files give them (lower case, no final period).
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 
@@ -68,3 +69,18 @@ def read(where: str, limit: int = 0, langs=()) -> list:
     raise DataError(f"CLAMS has no language {unknown[0]!r} in {where} (it has {', '.join(have)})")
   return [read_file(p, limit, lang) for lang in (langs or have)
           for p in sorted(glob.glob(os.path.join(where, lang, "*" + SUFFIX)))]
+
+
+def sample(where: str, per_language: int, langs=()) -> list:
+  """A fixed sample of `per_language` pairs of each language (the probe's), spread over its files (a file
+  gets an equal share, the first files one more) at evenly spaced positions of each file."""
+  sets = read(where, 0, langs)
+  out = []
+  for lang in dict.fromkeys(s.group for s in sets):
+    mine = [s for s in sets if s.group == lang]
+    for j, s in enumerate(mine):
+      k = min(per_language // len(mine) + (j < per_language % len(mine)), len(s.good))
+      at = [i * len(s.good) // k for i in range(k)]
+      if k:
+        out.append(dataclasses.replace(s, good=tuple(s.good[i] for i in at), bad=tuple(s.bad[i] for i in at)))
+  return out
