@@ -15,7 +15,8 @@ CLAMS_PAIRS = dict(de=47820, en=157346, fr=49360, he=40820, ru=40120)
 
 def test_clams_reader_on_the_real_files(shared_data):
   """Every file of the five languages: the pairs per language, one set per language and phenomenon, pair k
-  = the file's lines 2k-1 (True) and 2k (False), and the first `limit` pairs of each file."""
+  = the file's lines 2k-1 (True) and 2k (False), and `limit` pairs of each file spread over it (the first pairs
+  of a file differ in one attribute only: en/simple_agrmt's first 100 all have a singular subject)."""
   where = clams.folder(str(shared_data))
   sets = clams.read(where)
   assert clams.languages(where) == ["de", "en", "fr", "he", "ru"] and len(sets) == 22 + 4 * 7
@@ -36,7 +37,12 @@ def test_clams_reader_on_the_real_files(shared_data):
   fast = clams.read(where, limit=100, langs=("fr", "en"))
   assert [s.group for s in fast][:7] == ["fr"] * 7 and len(fast) == 29
   assert all(len(s.good) == len(s.bad) == min(100, len(by_name[s.name].good)) for s in fast)
-  assert fast[0].good == by_name[fast[0].name].good[:100]
+  whole = by_name["en/simple_agrmt"]
+  spread = next(s for s in fast if s.name == "en/simple_agrmt")
+  assert spread.good == tuple(whole.good[i * 140 // 100] for i in range(100)) and len(whole.good) == 140
+  singular = lambda pairs: sum(g.split()[1] in {"author", "pilot", "surgeon", "farmer", "manager", "customer",
+                                                "officer", "teacher", "senator", "consultant"} for g in pairs)
+  assert singular(whole.good[:70]) == 70 and singular(spread.good) == 50   # the first half singular, then plural
 
 
 def _gz(path, text: str) -> str:

@@ -1,8 +1,8 @@
 """The suite's zero-shot tasks (BLiMP, CLAMS, a user's pairs): the masked LM of INIT_FROM scores minimal pairs
 by PLL, no training.
 
-`--fast` scores the first FAST_PAIRS pairs of each set (a BLiMP paradigm, a CLAMS file, a phenomenon of a
-user's file); a finished result (OUT/TASK/result.json) is read back by a re-run of the same model, pairs and
+`--fast` scores FAST_PAIRS pairs of each set: the first of a BLiMP paradigm, pairs spread over a CLAMS file or a
+phenomenon of a user's file (tasks/minimal_pairs.py `spread`); a finished result (OUT/TASK/result.json) is read back by a re-run of the same model, pairs and
 PLL variant. The model is loaded once for every task that needs scoring, replicated over a mesh of every
 device, its PLL rows split over it.
 """
@@ -16,7 +16,7 @@ import jax
 from mlm_jax.errors import NoMaskedLM, UserError
 from mlm_jax.tasks import blimp, clams, minimal_pairs
 
-FAST_PAIRS = 100          # per set: BLiMP 6,700 pairs, CLAMS 4,900
+FAST_PAIRS = 100          # per set: BLiMP 6,700 pairs (its first), CLAMS 5,000 (spread over each file)
 PLL_ROWS = 64             # rows of packed masked copies per step
 RESULT_FILE = "result.json"
 GROUP_LABEL = dict(clams="language", pairs="file")   # what a set's group is, in the table

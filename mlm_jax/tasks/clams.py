@@ -7,12 +7,11 @@ Sentences are as the files give them (lower case, no final period).
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 
 from mlm_jax.errors import DataError
-from mlm_jax.tasks.minimal_pairs import PairSet, text_of
+from mlm_jax.tasks.minimal_pairs import PairSet, spread, text_of
 
 FOLDER = os.path.join("zeroshot", "clams")
 SUFFIX = ".txt.gz"
@@ -33,8 +32,8 @@ def languages(where: str) -> list:
 
 
 def read_file(path: str, limit: int = 0, language: str = "") -> PairSet:
-  """The first `limit` pairs (0 = all) of one file; a line that breaks the True/False alternation is an error
-  naming file and line."""
+  """`limit` pairs (0 = all) of one file at evenly spaced positions (its first pairs differ in one word only:
+  minimal_pairs.spread); a line that breaks the True/False alternation is an error naming file and line."""
   good, bad = [], []
   expect = "True"
   number = 0
@@ -50,19 +49,17 @@ def read_file(path: str, limit: int = 0, language: str = "") -> PairSet:
                       f"), got {label!r}: the lines must alternate True, False")
     (good if label == "True" else bad).append(sentence.strip())
     expect = "False" if label == "True" else "True"
-    if expect == "True" and limit and len(bad) >= limit:
-      break
   if expect == "False":
     raise DataError(f"{path}:{number}: the last 'True' line has no 'False' twin")
   if not good:
     raise DataError(f"{path}: no minimal pairs")
   phenomenon = os.path.basename(path)[:-len(SUFFIX)]
-  return PairSet(f"{language}/{phenomenon}", phenomenon, tuple(good), tuple(bad), language)
+  return spread(PairSet(f"{language}/{phenomenon}", phenomenon, tuple(good), tuple(bad), language), limit)
 
 
 def read(where: str, limit: int = 0, langs=()) -> list:
-  """Every file of the given languages (default: all), `limit` pairs each (0 = all): one set per
-  language and phenomenon, languages sorted, files sorted."""
+  """Every file of the given languages (default: all), `limit` pairs each spread over it (0 = all): one set
+  per language and phenomenon, languages sorted, files sorted."""
   have = languages(where)
   unknown = [lang for lang in langs if lang not in have]
   if unknown:
@@ -73,14 +70,13 @@ def read(where: str, limit: int = 0, langs=()) -> list:
 
 def sample(where: str, per_language: int, langs=()) -> list:
   """A fixed sample of `per_language` pairs of each language (the probe's), spread over its files (a file
-  gets an equal share, the first files one more) at evenly spaced positions of each file."""
+  gets an equal share, the first files one more) and over each file."""
   sets = read(where, 0, langs)
   out = []
   for lang in dict.fromkeys(s.group for s in sets):
     mine = [s for s in sets if s.group == lang]
     for j, s in enumerate(mine):
-      k = min(per_language // len(mine) + (j < per_language % len(mine)), len(s.good))
-      at = [i * len(s.good) // k for i in range(k)]
+      k = per_language // len(mine) + (j < per_language % len(mine))
       if k:
-        out.append(dataclasses.replace(s, good=tuple(s.good[i] for i in at), bad=tuple(s.bad[i] for i in at)))
+        out.append(spread(s, k))
   return out

@@ -33,6 +33,16 @@ class PairSet:
   group: str = ""            # CLAMS: the language; a pairs task of several files: the file
 
 
+def spread(pairs: PairSet, k: int) -> PairSet:
+  """`k` pairs of a set at evenly spaced positions (all when k is 0 or the set is smaller): generated sets
+  (CLAMS) vary one attribute at a time, so their first pairs would all be alike."""
+  n = len(pairs.good)
+  if not k or k >= n:
+    return pairs
+  at = [i * n // k for i in range(k)]
+  return dataclasses.replace(pairs, good=tuple(pairs.good[i] for i in at), bad=tuple(pairs.bad[i] for i in at))
+
+
 def text_of(path: str) -> str:
   """A file's text (gunzipped for .gz); invalid UTF-8 is an error naming the file and line."""
   try:
@@ -90,8 +100,8 @@ def _rows(path: str, text: str):
 
 
 def read_file(path: str, columns: dict | None = None, limit: int = 0, group: str = "") -> list:
-  """The pair sets of one file (one per phenomenon, in order of appearance), the first `limit` pairs of
-  each (0 = all)."""
+  """The pair sets of one file (one per phenomenon, in order of appearance), `limit` pairs of each spread
+  over it (0 = all)."""
   c = dict(COLUMNS, **(columns or {}))
   rows, names = _rows(path, text_of(path))
   if not rows:
@@ -110,12 +120,10 @@ def read_file(path: str, columns: dict | None = None, limit: int = 0, group: str
     if not (isinstance(good, str) and good.strip() and isinstance(bad, str) and bad.strip()):
       raise DataError(f"{path}:{number}: a row without both sentences ({c['good']}={good!r}, {c['bad']}={bad!r})")
     term = str(r.get(c["phenomenon"]) or "") if has_phenomenon else ""
-    pairs = sets.setdefault(term, [])
-    if not limit or len(pairs) < limit:
-      pairs.append((good.strip(), bad.strip()))
+    sets.setdefault(term, []).append((good.strip(), bad.strip()))
   prefix = f"{group}/" if group else ""
-  return [PairSet(f"{prefix}{term}" if term else (group or os.path.basename(path)), term,
-                  tuple(g for g, _ in p), tuple(b for _, b in p), group) for term, p in sets.items()]
+  return [spread(PairSet(f"{prefix}{term}" if term else (group or os.path.basename(path)), term,
+                         tuple(g for g, _ in p), tuple(b for _, b in p), group), limit) for term, p in sets.items()]
 
 
 def files(pattern: str) -> list:
