@@ -3,8 +3,9 @@
 Fine-tunes DIR (a pretraining workdir, a `convert_checkpoint.py from_hf` folder or a transformers folder)
 on every task in ../shared/data/downstream with the budgets of configs/finetune/*.py (`--fast`: `:fast`,
 one seed), N seeds each, and scores its masked LM zero-shot on BLiMP (`--fast`: 100 pairs a paradigm);
-prints one table and writes OUT/downstream.json; a re-run skips what is done. `--baseline` runs the same
-for random weights too and prints the model beside them (OUT/baseline.txt).
+`--tasks=clams` scores CLAMS's five languages, `--tasks=pairs:NAME=GLOB` a user's own minimal pairs, by the
+`--pll` variant. Prints one table and writes OUT/downstream.json; a re-run skips what is done. `--baseline`
+runs the same for random weights too and prints the model beside them (OUT/baseline.txt).
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (default: INIT_FR
 _FAST = flags.DEFINE_bool("fast", False, "The configs' fast budgets (configs/finetune/TASK.py:fast), one seed; "
                           "BLiMP: the first 100 pairs of each paradigm.")
 _SEEDS = flags.DEFINE_integer("seeds", 0, "Seeds per task (default: 3, or 1 with --fast).")
-_TASKS = flags.DEFINE_string("tasks", "", f"Comma-separated subset of: {', '.join(catalogue.ALL_NAMES)} (default: all).")
+_TASKS = flags.DEFINE_multi_string("tasks", [], f"Comma-separated subset of: {', '.join(catalogue.ALL_NAMES)}, and "
+                                   "pairs:NAME=GLOB (a user's minimal pairs: .tsv/.csv with a header row or .jsonl, "
+                                   "a GLOB without commas); repeatable (default: all but clams).")
 _RANDOM = flags.DEFINE_bool("random_init", False, "Baseline: init_from's architecture and tokenizer, random weights.")
 _BASELINE = flags.DEFINE_bool("baseline", False, "Also run the random-init baseline (into OUT/random_init) and "
                               "print the model beside it, with the gain per task and BLiMP phenomenon.")
@@ -31,8 +34,17 @@ _LANGS = flags.DEFINE_string("pretrain_languages", "", "Languages the model was 
                              "(default: the names of the workdir's data.sources, 'en=...').")
 _DATA = flags.DEFINE_string("data_dir", "", "Folder holding downstream/ and zeroshot/ (default: $MLM_JAX_DATA or "
                             "../shared/data).")
-_BLIMP_PAIRS = flags.DEFINE_integer("blimp_pairs", 0, "BLiMP pairs per paradigm (default: 100 with --fast, else "
-                                    "all 1,000).")
+_BLIMP_PAIRS = flags.DEFINE_integer("blimp_pairs", 0, "BLiMP pairs per paradigm (default: --zeroshot_pairs, else 100 "
+                                    "with --fast, else all 1,000).")
+_ZS_PAIRS = flags.DEFINE_integer("zeroshot_pairs", 0, "Pairs per set of every zero-shot task (a BLiMP paradigm, a "
+                                 "CLAMS file, a phenomenon of a pairs file; default: 100 with --fast, else all).")
+_PLL = flags.DEFINE_enum("pll", "token", ["token", "whole_word", "word_l2r"], "Pseudo-log-likelihood of the "
+                         "zero-shot tasks: each piece masked alone (token), each word whole (whole_word), or each "
+                         "piece with the rest of its word to its right (word_l2r, Kauf & Ivanova 2023).")
+_GOOD = flags.DEFINE_string("pairs_good", "good", "pairs tasks: the column of the grammatical sentence.")
+_BAD = flags.DEFINE_string("pairs_bad", "bad", "pairs tasks: the column of the ungrammatical sentence.")
+_PHENOMENON = flags.DEFINE_string("pairs_phenomenon", "phenomenon", "pairs tasks: the column of the phenomenon "
+                                  "(optional in a file unless named).")
 _SET = flags.DEFINE_multi_string("set", [], "Override a field of every task's config, e.g. --set=train.steps=50.")
 
 
@@ -72,7 +84,9 @@ def main(argv):
   runtime.start()
   out = _workdir(init_from)
   common = dict(tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value, pretrain_langs=_LANGS.value,
-                data=_DATA.value, overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value)
+                data=_DATA.value, overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value,
+                zeroshot_pairs=_ZS_PAIRS.value, pll=_PLL.value,
+                pair_columns=dict(good=_GOOD.value, bad=_BAD.value, phenomenon=_PHENOMENON.value))
   if _BASELINE.value:
     suite.run_with_baseline(init_from, out, **common)
   else:

@@ -37,12 +37,18 @@ def host_input(run: resolve.Resolved, split: str, workdir: str, config=None, row
                            rows_before=rows_before)
 
 
+def held_out(run: resolve.Resolved, trainer, workdir: str, config=None) -> heldout.HeldOut:
+  """The held-out evaluator of the eval split and, with train.eval_per_source, of each of its sources alone."""
+  make = lambda c: host_input(run, "eval", workdir, c)
+  return heldout.HeldOut(trainer, run.tokenizer, make(config), heldout.by_source(config or run.config, make))
+
+
 def _phased_loop(run: resolve.Resolved, workdir: str) -> loop.Loop:
   """The loop of a run in phases: each phase's trainer, input and evaluators are made as it begins."""
 
   def make_io(config, input_config, trainer, rows_before):
     return (inputs.LoopInput(host_input(run, "train", workdir, input_config, rows_before)),
-            heldout.HeldOut(trainer, run.tokenizer, host_input(run, "eval", workdir, input_config)),
+            held_out(run, trainer, workdir, input_config),
             probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None)
 
   stages = phase_runner.PhaseSet(list(run.phases), list(run.phase_configs), sharding.make_mesh(run.config.mesh),
@@ -71,7 +77,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | No
     seq_len = config.data.seq_len
     the_loop = loop.Loop(
         trainer, workdir, inputs.LoopInput(host_input(run, "train", workdir)),
-        heldout.HeldOut(trainer, run.tokenizer, host_input(run, "eval", workdir)),
+        held_out(run, trainer, workdir),
         trainer_lib.fresh_or_init_from(trainer), tokens_per_example=seq_len,
         flops_per_token=run.objective.flops_per_token(config, seq_len, config.masking.max_predictions),
         probe=probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None)

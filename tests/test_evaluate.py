@@ -63,18 +63,20 @@ def test_mlm_metrics_and_pll(workdir, capsys):
 
 
 def _direct_pll(lm, seq, units) -> float:
-  """PLL of one sentence by one forward pass per unit (a list of positions masked together)."""
+  """PLL of one sentence by one forward pass per unit: (positions masked, positions scored), or a list of
+  positions both masked and scored."""
   import jax
   import jax.numpy as jnp
   total = 0.0
   for unit in units:
+    masked, scored = unit if isinstance(unit, tuple) else (unit, unit)
     x = list(seq)
-    for i in unit:
+    for i in masked:
       x[i] = lm.tokenizer.mask_id
     ids = jnp.asarray([x], jnp.int32)
     hidden = lm.model(ids, jnp.ones_like(ids), jnp.arange(len(x))[None])
     logp = jax.nn.log_softmax(lm.model.mlm_logits(hidden[0]))
-    total += sum(float(logp[i, seq[i]]) for i in unit)
+    total += sum(float(logp[i, seq[i]]) for i in scored)
   return total
 
 
@@ -124,29 +126,50 @@ def test_packed_pll_equals_unpacked_and_transformers(pll_case, workdir, tmp_path
     assert ours == pytest.approx(theirs, abs=1e-4)
 
 
-def test_whole_word_pll_masks_each_word_whole(pll_case):
-  """Whole-word PLL: one copy per word (pretraining's word starts), all its pieces masked; it differs from
-  the token PLL where a word has several pieces and equals the direct computation."""
+def _words(tok, seq) -> list:
+  """The words of a sentence (lists of positions, BOS/EOS apart) from the tokenizer's pieces: a piece
+  begins a word when its text starts with sentencepiece's word marker."""
+  words = []
+  for i in range(1, len(seq) - 1):
+    if tok.id_to_piece(int(seq[i])).startswith("\u2581") or not words:
+      words.append([])
+    words[-1].append(i)
+  return words
+
+
+def _units(variant: str, words: list) -> list:
+  """The direct computation's (masked, scored) per forward pass, written from the variants' definitions."""
+  if variant == "token":
+    return [([i], [i]) for w in words for i in w]
+  if variant == "whole_word":
+    return [(w, w) for w in words]
+  return [(w[k:], [w[k]]) for w in words for k in range(len(w))]   # word_l2r: the piece and its word's rest
+
+
+@pytest.mark.parametrize("variant", ["token", "whole_word", "word_l2r"])
+def test_each_pll_variant_equals_its_direct_computation(pll_case, variant):
+  """token, whole_word and word_l2r (Kauf & Ivanova, 2023): packed rows (the fast path, sentences sharing
+  rows) and one copy a row both equal one forward pass per masked copy, on real sentences of the fixture's
+  model; on a sentence with a word of several pieces the three differ."""
   import numpy as np
   from flax import nnx
   from mlm_jax.evaluation import pll
   lm, rows = pll_case
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  starts = pll.WordStarts(lm.tokenizer)
-  seq = next(r for r in rows if (starts(np.asarray(r))[1:-1] == 0).any())   # a word of several pieces
-  ws = starts(np.asarray(seq))
-  words, unit = [], []
-  for i in range(1, len(seq) - 1):
-    if ws[i] and unit:
-      words.append(unit)
-      unit = []
-    unit.append(i)
-  words.append(unit)
-  assert len(words) < len(seq) - 2
-  whole = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, whole_word=True)(params, [seq, rows[0]])
-  token = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4)(params, [seq])
-  assert whole[0] == pytest.approx(_direct_pll(lm, seq, words), abs=1e-4)
-  assert abs(whole[0] - token[0]) > 2e-5   # 2.5e-4 for this near-uniform random model; float error ~1e-6
+  words = [_words(lm.tokenizer, r) for r in rows]
+  long_word = next(k for k, w in enumerate(words) if any(len(x) > 1 for x in w))   # a word of several pieces
+  picked = [long_word, 0]
+  scorer = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, variant=variant)
+  packed = scorer(params, rows)
+  copies = sum(len(_units(variant, w)) for w in words)
+  assert len(scorer.pack(rows).input_ids) < copies * 2 / 3   # copies of several sentences share rows
+  unpacked = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, variant=variant, one_per_row=True)(params, rows)
+  np.testing.assert_allclose(packed, unpacked, rtol=0, atol=1e-4)
+  for k in picked:
+    assert packed[k] == pytest.approx(_direct_pll(lm, rows[k], _units(variant, words[k])), abs=1e-4), k
+  others = [v for v in pll.VARIANTS if v != variant]
+  for v in others:   # 2.5e-4 apart for this near-uniform random model; float error ~1e-6
+    assert abs(packed[long_word] - _direct_pll(lm, rows[long_word], _units(v, words[long_word]))) > 2e-5, v
 
 
 def test_errors_are_one_line(workdir, capsys):

@@ -1,5 +1,6 @@
-"""Zero-shot BLiMP: the reader on the real files; the suite on a few real pairs of 3 paradigms with a constant
-model (ties counted wrong), its table and JSON; one-line errors for bad input."""
+"""Zero-shot minimal pairs: BLiMP's reader on the real files; the suite on a few real pairs of 3 BLiMP paradigms,
+of 2 CLAMS files in each language and of a user's file with a constant model (ties counted wrong), its tables
+and JSON; kept results and the PLL variant; one-line errors for bad input."""
 import gzip
 import json
 import os
@@ -11,16 +12,20 @@ import numpy as np
 import pytest
 
 from mlm_jax.errors import DataError, NoMaskedLM, UserError
-from mlm_jax.tasks import blimp
+from mlm_jax.tasks import blimp, clams, minimal_pairs
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "round2"
 PARADIGMS = ("anaphor_gender_agreement", "adjunct_island", "regular_plural_subject_verb_agreement_1")
 PAIRS = 6
+CLAMS_FILES = ("simple_agrmt", "vp_coord")   # in every language; pairs spread over each file
+CLAMS_EN = ("simple_reflexives",)            # English only: a language's mean is not the mean over files
+CLAMS_PAIRS = 4
 
 
 @pytest.fixture(scope="module")
 def data(shared_data, tmp_path_factory):
-  """A data folder: the shared downstream/, and zeroshot/blimp with the first PAIRS lines of 3 paradigms."""
+  """A data folder: zeroshot/blimp with the first PAIRS lines of 3 paradigms, and zeroshot/clams with
+  CLAMS_PAIRS pairs (every 10th) of 2 files in each of its 5 languages and of a third in English."""
   root = tmp_path_factory.mktemp("blimp_data")
   where = root / blimp.FOLDER
   where.mkdir(parents=True)
@@ -31,6 +36,14 @@ def data(shared_data, tmp_path_factory):
     with gzip.open(where / f"{name}.jsonl.gz", "wt", encoding="utf-8") as f:
       f.writelines(lines)
   shutil.copy(src / blimp.PUBLISHED, where / blimp.PUBLISHED)
+  for lang in clams.languages(str(shared_data / clams.FOLDER)):
+    (root / clams.FOLDER / lang).mkdir(parents=True)
+    for name in CLAMS_FILES + (CLAMS_EN if lang == "en" else ()):
+      with gzip.open(shared_data / clams.FOLDER / lang / f"{name}.txt.gz", "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+      picked = [l for k in range(CLAMS_PAIRS) for l in lines[20 * k:20 * k + 2]]
+      with gzip.open(root / clams.FOLDER / lang / f"{name}.txt.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(picked) + "\n")
   return root
 
 
@@ -97,7 +110,7 @@ def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   assert summary["tasks"] == {} and summary["zeroshot_average"] == pytest.approx(100 * z["overall"])
   assert list(zeroshot.pair_correct([1.0, 2.0, 3.0], [1.0, 1.0, 4.0])) == [False, True, False]
   table = open(os.path.join(out, "downstream.txt")).read()
-  assert re.search(rf"^blimp +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +\(zero-shot, {3 * PAIRS} pairs\)$",
+  assert re.search(rf"^blimp +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +\(zero-shot, {3 * PAIRS} pairs, token PLL\)$",
                    table, re.M), table
   assert re.search(r"^average \(zero-shot\) +\d+\.\d", table, re.M) and "average (fine-tuning)" not in table
   assert re.search(r"^phenomenon +this model +5-gram +LSTM +Transformer-XL +GPT-2$", table, re.M)
@@ -108,6 +121,59 @@ def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   again = suite.run_suite(constant_workdir, out, tasks="blimp", fast=True, data=str(data), log=lines.append)
   assert any("blimp: done before" in l for l in lines)
   assert again["zeroshot"] == json.loads(json.dumps(summary))["zeroshot"]
+
+
+def _constant_model_accuracy(tok, pair_set, longest: int = 128) -> float:
+  """The constant model's accuracy on a set: right only where the good sentence has fewer tokens (a tie is
+  wrong) and both fit the model."""
+  from mlm_jax.evaluation import pll
+  good, bad = pll.encode(tok, pair_set.good), pll.encode(tok, pair_set.bad)
+  return float(np.mean([len(g) < len(b) and max(len(g), len(b)) <= longest for g, b in zip(good, bad)]))
+
+
+def test_clams_and_a_users_pairs_by_blimps_rules(data, constant_workdir, tmp_path):
+  """--tasks=clams,pairs:mine=FILE with the constant model: each set (a language's file; a phenomenon of the
+  user's file) scores the share of pairs whose good sentence is the shorter; a language's accuracy is the mean
+  over its phenomena, overall the mean over languages; the tables show them. A re-run with --pll=word_l2r
+  scores again (the kept result names the variant) and says so in table and JSON."""
+  from mlm_jax.evaluation import fill_mask
+  from mlm_jax.finetuning import suite
+  tok = fill_mask.from_workdir(constant_workdir).tokenizer
+  sets = clams.read(str(data / clams.FOLDER))
+  expected = {s.name: _constant_model_accuracy(tok, s) for s in sets}
+  assert 0 < np.mean(list(expected.values())) < 1
+  mine = tmp_path / "mine.tsv"
+  mine.write_text("good\tbad\tphenomenon\n" "the dog runs\tthe dog run fast\tagreement\n"
+                  "the dogs run\tthe dogs runs\tagreement\n" "she sees herself\tshe see herself\tbinding\n")
+  out, lines = str(tmp_path / "suite"), []
+  summary = suite.run_suite(constant_workdir, out, tasks=["clams", f"pairs:mine={mine}"], data=str(data),
+                            log=lines.append)
+  z = summary["zeroshot"]["clams"]
+  assert z["paradigms"] == pytest.approx(expected) and z["pll"] == "token" and z["pairs"] == 11 * CLAMS_PAIRS
+  langs = {lang: np.mean([a for n, a in expected.items() if n.startswith(lang + "/")])
+           for lang in ("de", "en", "fr", "he", "ru")}
+  assert z["groups"] == pytest.approx(langs) and z["overall"] == pytest.approx(np.mean(list(langs.values())))
+  assert z["phenomena"]["vp_coord"] == pytest.approx(np.mean([expected[f"{l}/vp_coord"] for l in langs]))
+  m = summary["zeroshot"]["mine"]
+  mine_sets = {s.phenomenon: _constant_model_accuracy(tok, s) for s in minimal_pairs.read(str(mine))}
+  assert m["phenomena"] == pytest.approx(mine_sets) and m["overall"] == pytest.approx(np.mean(list(mine_sets.values())))
+  table = open(os.path.join(out, "downstream.txt")).read()
+  assert re.search(rf"^clams +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +\(zero-shot, 44 pairs, token PLL\)$",
+                   table, re.M), table
+  assert re.search(r"^zero-shot clams \(token pseudo-log-likelihood, a tie is wrong; 44 pairs; the mean of a language "
+                   r"over its phenomena", table, re.M), table
+  assert re.search(r"^phenomenon +de +en +fr +he +ru$", table, re.M), table
+  cells = " +".join(f"{100 * expected[f'{l}/simple_agrmt']:.1f}" for l in langs)
+  assert re.search(rf"^simple_agrmt +{cells}$", table, re.M), table
+  assert re.search(r"^mean +" + " +".join(f"{100 * a:.1f}" for a in langs.values()) + "$", table, re.M), table
+  assert re.search(rf"^binding +{100 * mine_sets['binding']:.1f}$", table, re.M), table
+  lines.clear()
+  again = suite.run_suite(constant_workdir, out, tasks="clams", data=str(data), pll="word_l2r", log=lines.append)
+  assert any("clams: the kept result is of another model or subset (pll 'token' -> 'word_l2r')" in l
+             for l in lines), lines
+  assert again["zeroshot"]["clams"]["pll"] == "word_l2r" and again["zeroshot"]["clams"]["depends_on"]["pll"] == "word_l2r"
+  assert again["zeroshot"]["clams"]["overall"] == pytest.approx(z["overall"])   # every variant: -log V a scored piece
+  assert "(zero-shot, 44 pairs, word_l2r PLL)" in open(os.path.join(out, "downstream.txt")).read()
 
 
 def test_a_pair_longer_than_the_model_reads_is_wrong_not_an_error(data, constant_workdir):
@@ -123,7 +189,7 @@ def test_a_pair_longer_than_the_model_reads_is_wrong_not_an_error(data, constant
            for g, b in zip(pll.encode(lm.tokenizer, p.good), pll.encode(lm.tokenizer, p.bad))]
   scorer.max_len = min(g - 1 for g, b in pairs if g > b)   # that pair's good sentence no longer fits, its bad one does
   assert any(b <= scorer.max_len < g for g, b in pairs) and any(max(g, b) <= scorer.max_len for g, b in pairs)
-  r = zeroshot.blimp(scorer, params, paradigms)
+  r = zeroshot.score_pairs(scorer, params, paradigms)
   expected, at = {}, 0
   for p in paradigms:
     mine = pairs[at:at + len(p.good)]
@@ -164,10 +230,11 @@ def test_a_kept_result_of_an_older_checkpoint_is_scored_again(data, constant_wor
 
 def test_baseline_prints_the_model_beside_its_random_init(data, constant_workdir, tmp_path):
   """`--baseline`: the same pairs scored for the model and for random weights of its architecture, one table
-  with both and the gain; the header of a zero-shot-only run names no fine-tuning mode or seeds."""
+  with both and the gain (BLiMP per phenomenon, CLAMS per language); the header of a zero-shot-only run names
+  no fine-tuning mode or seeds."""
   from mlm_jax.finetuning import suite
   out, lines = str(tmp_path / "suite"), []
-  model, base = suite.run_with_baseline(constant_workdir, out, tasks="blimp", blimp_pairs=2, data=str(data),
+  model, base = suite.run_with_baseline(constant_workdir, out, tasks="blimp,clams", blimp_pairs=2, data=str(data),
                                         log=lines.append)
   a, b = 100 * model["zeroshot"]["blimp"]["overall"], 100 * base["zeroshot"]["blimp"]["overall"]
   assert base["random_init"] and base["zeroshot"]["blimp"]["depends_on"]["random_init"]
@@ -176,6 +243,8 @@ def test_baseline_prints_the_model_beside_its_random_init(data, constant_workdir
   assert table.splitlines()[0] == f"downstream suite: {constant_workdir}  (zero-shot only)", table
   assert re.search(rf"^blimp +acc +{a:.1f} +{b:.1f} +{a - b:+.1f}$", table, re.M), table
   assert re.search(r"^  island_effects +acc +\d+\.\d +\d+\.\d +[+-]\d+\.\d$", table, re.M), table
+  c, r = model["zeroshot"]["clams"]["groups"]["ru"], base["zeroshot"]["clams"]["groups"]["ru"]
+  assert re.search(rf"^  clams/ru +acc +{100 * c:.1f} +{100 * r:.1f} +{100 * c - 100 * r:+.1f}$", table, re.M), table
   assert table.strip() == lines[-1].strip()
 
 
@@ -205,9 +274,11 @@ def test_bad_input_is_one_line(data, tmp_path, shared_data):
                                                  num_attention_heads=2, intermediate_size=32)).save_pretrained(base)
   for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
     shutil.copy(shared_data / "models" / "all-MiniLM-L6-v2" / name, base / name)
+  from mlm_jax.tasks import catalogue
   with pytest.raises(NoMaskedLM, match=r"^blimp: .*base_model has no MLM head"):   # a UserError: one line
-    zeroshot_suite.run_blimp(init_from=str(base), source=str(base), out=str(tmp_path / "o"), fast=True,
-                             random_init=False, data=str(data), log=print)
+    zeroshot_suite.run_tasks(catalogue.select_zeroshot("blimp"), init_from=str(base), source=str(base),
+                             out=str(tmp_path / "o"), fast=True, random_init=False, data=str(data), log=print,
+                             identity={})
 
 
 def test_the_cpu_recipes_mask_rate_variants_get_equal_compute():

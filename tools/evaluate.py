@@ -27,7 +27,10 @@ def _parser():
   m.add_argument("--batch_size", type=int, default=32)
   m.add_argument("--max_lines", type=int, default=0, help="use only the first N sequences (0 = all)")
   m.add_argument("--pll_lines", type=int, default=50, help="sequences scored by PLL (0 = none)")
-  m.add_argument("--whole_word", action="store_true", help="PLL masks every piece of a word together")
+  m.add_argument("--pll", default="token", choices=("token", "whole_word", "word_l2r"),
+                 help="PLL variant: each piece masked alone (token), each word whole (whole_word), or each piece "
+                      "with the rest of its word to the right (word_l2r, Kauf & Ivanova 2023)")
+  m.add_argument("--whole_word", action="store_const", const="whole_word", dest="pll", help="--pll=whole_word")
   m.add_argument("--seed", type=int, default=0, help="masking seed")
   m.add_argument("--against_transformers", action="store_true",
                  help="with --hf_dir: also run transformers' AutoModelForMaskedLM on the same masked batches "
@@ -108,20 +111,21 @@ def _transformers_loss_sum(model, masked) -> float:
   return float(out.loss) * int(w.sum())
 
 
-def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int, whole_word: bool = False) -> dict:
+def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int, variant: str = "token") -> dict:
   """Sum over tokens (BOS/EOS excluded) of log p(token | the rest), the copies packed (evaluation/pll.py)."""
   from flax import nnx
   from mlm_jax.evaluation import pll
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, whole_word=whole_word)
+  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, variant=variant)
   per_row = scorer(params, rows)
   total, count = float(per_row.sum()), sum(len(r) - 2 for r in rows)
   per = total / max(count, 1)
-  return dict(pll=total, pll_tokens=count, pll_sequences=len(rows), pll_per_token=per, pseudo_perplexity=math.exp(-per))
+  return dict(pll=total, pll_tokens=count, pll_sequences=len(rows), pll_per_token=per, pseudo_perplexity=math.exp(-per),
+              pll_variant=variant)
 
 
 def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, seq_len=128, batch_size=32,
-                 max_lines=0, pll_lines=50, seed=0, against_transformers=False, whole_word=False) -> dict:
+                 max_lines=0, pll_lines=50, seed=0, against_transformers=False, pll="token") -> dict:
   from mlm_jax.config.defaults import default_config
   from mlm_jax.errors import UserError
   from mlm_jax.evaluation import fill_mask
@@ -148,7 +152,7 @@ def evaluate_mlm(workdir=None, hf_dir=None, data="", step=None, tokenizer=None, 
     hf_model = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir).eval()
   out.update(mlm_metrics(lm, kcfg, rows, seq_len, batch_size, seed, hf_model))
   if pll_lines:
-    out.update(pseudo_log_likelihood(lm, rows[:pll_lines], seq_len, batch_size, whole_word))
+    out.update(pseudo_log_likelihood(lm, rows[:pll_lines], seq_len, batch_size, pll))
   return out
 
 
@@ -160,7 +164,7 @@ def main(argv=None) -> int:
     result = evaluate_mlm(workdir=a.workdir, hf_dir=a.hf_dir, data=a.data, step=a.step, tokenizer=a.tokenizer,
                           seq_len=a.seq_len, batch_size=a.batch_size, max_lines=a.max_lines, pll_lines=a.pll_lines,
                           seed=a.seed, against_transformers=a.against_transformers,
-                          whole_word=a.whole_word)
+                          pll=a.pll)
   except UserError as e:
     runtime.report_user_error(e)
     return 2

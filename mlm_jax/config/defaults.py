@@ -22,14 +22,21 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t.eval_every = 500
   t.eval_batches = 20            # pretraining: held-out global batches per evaluation
   t.eval_at_start = False        # also evaluate (and probe) the untrained model before the first step
+  # Pretraining with 2+ sources in the eval split (data.eval_sources, else data.sources with eval_percent, or a
+  # token store's sources): also eval_batches of each source alone, logged as eval_loss/NAME, eval_accuracy/NAME.
+  t.eval_per_source = True
   # Pretraining: linear probes of the frozen encoder every probe_every steps (0 = off; mlm_jax/evaluation/probe.py),
   # on samples of these downstream suite tasks (sentence or token classification; ../shared/data), and
-  # "blimp": zero-shot BLiMP accuracy by PLL on the first probe_blimp_pairs pairs of each of its 67 paradigms.
+  # "blimp": zero-shot BLiMP accuracy by PLL on the first probe_blimp_pairs pairs of each of its 67 paradigms;
+  # "clams": zero-shot CLAMS accuracy per language (probe/clams/LANG, their mean probe/clams) on a fixed sample
+  # of probe_clams_pairs pairs a language, spread evenly over its files, of probe_clams_languages (() = all 5).
   t.probe_every = 0
   t.probe_tasks = ("sms_spam", "polarity", "pos")
   t.probe_train_examples = 384
   t.probe_eval_examples = 256
   t.probe_blimp_pairs = 10
+  t.probe_clams_pairs = 64
+  t.probe_clams_languages = ()
   t.save_every = 500
   # > 0: keep an exponential moving average of the parameters with this decay per step (in the train
   # state, sharded like them, checkpointed); held-out metrics are also reported for it (eval_ema_*),

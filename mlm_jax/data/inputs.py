@@ -58,6 +58,40 @@ def make_input(config, input_kind: str, tokenizer, split: str = "train", *, proc
                          process_count=process_count, split=split, rows_before=rows_before // process_count)
 
 
+def eval_parts(config) -> dict:
+  """{name: a copy of `config` whose eval split is that source's alone}, for held-out metrics per source
+  (per language, when sources are named by language): with two or more sources in the eval split. Text:
+  data.eval_sources, else data.sources (their eval_percent held out); a token store: every source of every
+  store entry that has held-out documents, named as the store input names them ('en', or 'label/en')."""
+  import ml_collections
+  c = config.data
+  if specs.is_store(c):
+    from mlm_jax.data.store import shards   # only here: a text run never imports the store package
+    parts = {}
+    for entry in c.sources:
+      label, spec = specs.split_named(entry)
+      root, names = shards.parse_store_spec(spec)
+      store = shards.Store(root)
+      names = names or sorted(store.sources)
+      for name in names:
+        if int(store.source(name).get("eval_tokens", 0)) > 0:
+          full = (label if len(names) == 1 else f"{label}/{name}") if label else name
+          parts[full] = dict(sources=(f"{label + '=' if label else ''}store:{root}:{name}",))
+  else:
+    field = "eval_sources" if c.eval_sources else "sources"
+    if field == "sources" and not c.eval_percent > 0:
+      return {}
+    parts = {n.name: {field: (entry,)} for n, entry in zip(specs.parse_named(c[field]), c[field])}
+  if len(parts) < 2:
+    return {}
+  out = {}
+  for name, data in parts.items():
+    copy = ml_collections.ConfigDict(config.to_dict())
+    copy.data.update(data)
+    out[name] = copy
+  return out
+
+
 class RowSlice:
   """Every process reads the whole global batch and keeps its rows (data.per_host='slice')."""
 

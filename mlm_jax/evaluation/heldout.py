@@ -35,30 +35,51 @@ def rates(objective, sums: dict) -> dict:
   return {f"eval_{k}": float(v) for k, v in getattr(objective, "summarize_eval", objective.summarize)(sums).items()}
 
 
+def by_source(config, make: Callable) -> dict:
+  """{name: make(config of that source's eval split alone)} for each source of a run's eval split
+  (data/inputs.py eval_parts: two or more), with train.eval_per_source; `make` builds an eval pipeline."""
+  from mlm_jax.data import inputs
+  if not config.train.get("eval_per_source", True):
+    return {}
+  return {name: make(c) for name, c in inputs.eval_parts(config).items()}
+
+
 class HeldOut:
-  """The training loop's evaluator: `train.eval_batches` global batches of the eval split.
+  """The training loop's evaluator: `train.eval_batches` global batches of the eval split, and as many of
+  each source's own eval split in `by_source` ({name: pipeline}, data/inputs.py eval_parts), logged as
+  `eval_<rate>/<name>` beside the totals (a source without held-out rows logs none).
 
   Every process runs exactly that many steps (collectives must line up); a process whose eval shard
-  runs out feeds all-padding rows, which carry no predictions. The pipeline is built before training,
-  so a missing or empty eval split fails at start, not after the run has trained; it is read only
+  runs out feeds all-padding rows, which carry no predictions. The pipelines are built before training,
+  so a missing or empty eval split fails at start, not after the run has trained; they are read only
   when evaluating, and rewound after each evaluation.
   """
 
-  def __init__(self, trainer, tok, pipeline):
+  def __init__(self, trainer, tok, pipeline, by_source: dict | None = None):
     self.trainer, self.tok, self.pipeline = trainer, tok, pipeline
+    self.by_source = dict(by_source or {})
     self.key = eval_key(trainer.config.seed)
 
-  def _batches(self):
+  def _batches(self, pipeline):
     config = self.trainer.config
     rows = config.train.batch_size // jax.process_count()
     filler = {k: np.full((rows, *shape), self.tok.pad_id if k == "input_ids" else 0, np.int32)   # no loss
               for k, shape in self.trainer.objective.batch_features(config.data.seq_len).items()}
     for _ in range(config.train.eval_batches):
-      yield sharding.global_batch(next(self.pipeline, filler), self.trainer.batch_sharding)
+      yield sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
 
-  def __call__(self, params, step: int) -> dict:
+  def _rates(self, params, pipeline) -> dict:
     try:
       objective = self.trainer.objective
-      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(), self.key))
+      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(pipeline), self.key))
     finally:
-      self.pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
+      pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
+
+  def __call__(self, params, step: int) -> dict:
+    out = self._rates(params, self.pipeline)
+    for name, pipeline in self.by_source.items():
+      try:
+        out.update({f"{k}/{name}": v for k, v in self._rates(params, pipeline).items()})
+      except DataError:   # no held-out rows of this source: the totals say what there is
+        continue
+    return out

@@ -1,9 +1,12 @@
 """Pseudo-log-likelihood (Salazar et al., 2020): per sentence, the sum over its tokens of log p(token | rest).
 
-Each sentence becomes one copy per unit (a non-special token, or with `whole_word` every piece of a word
-together), that unit masked; copies of many sentences are packed into fixed rows with segment ids and
-positions restarting per copy, as pretraining rows are, so one compiled step on the run's mesh scores
-any set with no padding but the tails of rows (docs/design_notes.md#pll).
+Each sentence becomes masked copies, the variant deciding which pieces a copy masks and which it scores
+(Kauf & Ivanova, 2023): `token`, one copy per non-special piece, that piece masked; `whole_word`, one
+copy per word, all its pieces masked and scored; `word_l2r` (their PLL-word-l2r), one copy per piece,
+that piece and the rest of its word to the right masked, that piece scored. Copies of many sentences are
+packed into fixed rows with segment ids and positions restarting per copy, as pretraining rows are, so
+one compiled step on the run's mesh scores any set with no padding but the tails of rows
+(docs/design_notes.md#pll).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ SLOT_MULTIPLE = 8
 # Masked-copy tokens packed at a time (a sentence of n tokens has at most n copies of n): the host holds
 # ~100 MB of rows whatever the set's size (all of BLiMP packed at once held 2.7 GB for the demo's model).
 CHUNK_TOKENS = 1 << 22
+VARIANTS = ("token", "whole_word", "word_l2r")
 
 
 @dataclasses.dataclass
@@ -58,17 +62,29 @@ class WordStarts:
     return ws
 
 
-def unit_masks(ids: np.ndarray, special: np.ndarray, starts: np.ndarray | None) -> np.ndarray:
-  """[units, len] bool: which positions each copy masks. Tokens: one per non-special token; words
-  (`starts` given): the pieces from a word start to the next start or special token."""
+def check_variant(variant: str, where: str = "pll") -> str:
+  if variant not in VARIANTS:
+    raise UserError(f"{where}={variant!r}: expected one of {', '.join(VARIANTS)}")
+  return variant
+
+
+def unit_masks(ids: np.ndarray, special: np.ndarray, starts: np.ndarray | None,
+               variant: str = "token") -> tuple[np.ndarray, np.ndarray]:
+  """(masked, scored), each [copies, len] bool: the positions each copy masks and those whose log p it
+  adds. A word (`starts` given for the word variants) is the pieces from a word start to the next start
+  or special token."""
   body = np.flatnonzero(~special)
-  if starts is None:
-    out = np.zeros((len(body), len(ids)), bool)
-    out[np.arange(len(body)), body] = True
-    return out
+  one = np.zeros((len(body), len(ids)), bool)
+  one[np.arange(len(body)), body] = True
+  if variant == "token":
+    return one, one
   word = np.cumsum((starts > 0) | special) - 1     # word index of each position
-  words = np.unique(word[body])
-  return (word[None, :] == words[:, None]) & ~special[None, :]
+  if variant == "whole_word":
+    words = np.unique(word[body])
+    whole = (word[None, :] == words[:, None]) & ~special[None, :]
+    return whole, whole
+  right = (word[None, :] == word[body][:, None]) & (np.arange(len(ids))[None, :] >= body[:, None])
+  return right & ~special[None, :], one
 
 
 class _Rows:
@@ -105,26 +121,26 @@ def longest(row_len: int, max_len: int) -> int:
   return min(max_len or row_len, row_len)
 
 
-def pack(sentences: list, row_len: int, tok, whole_word: bool = False, one_per_row: bool = False,
+def pack(sentences: list, row_len: int, tok, variant: str = "token", one_per_row: bool = False,
          max_len: int = 0, min_slots: int = 0) -> Packed:
-  """The masked copies of `sentences` (id lists with BOS/EOS) in rows of `row_len` tokens; a sentence may
-  have at most `max_len` tokens (the model's positions; 0 = row_len): positions restart in each copy.
-  Rows have at least `min_slots` prediction slots (a multiple of SLOT_MULTIPLE)."""
+  """The masked copies (of `variant`, VARIANTS) of `sentences` (id lists with BOS/EOS) in rows of `row_len`
+  tokens; a sentence may have at most `max_len` tokens (the model's positions; 0 = row_len): positions
+  restart in each copy. Rows have at least `min_slots` prediction slots (a multiple of SLOT_MULTIPLE)."""
   max_len = longest(row_len, max_len)
   special_ids = np.asarray(tok.special_ids)
-  starts_of = WordStarts(tok) if whole_word else None
+  starts_of = WordStarts(tok) if check_variant(variant) != "token" else None
   rows = _Rows(row_len, one_per_row)
-  blocks = []   # (row, offset, first segment, ids [k, L], masks [k, L], sentence)
+  blocks = []   # (row, offset, first segment, copies [k, L], scored [k, L], ids, sentence)
   for s, sentence in enumerate(sentences):
     ids = np.asarray(sentence, np.int32)
     if len(ids) > max_len:
       raise UserError(f"sentence {s} is {len(ids)} tokens long with BOS/EOS; the model reads at most {max_len}")
     special = np.isin(ids, special_ids)
-    masks = unit_masks(ids, special, starts_of(ids) if starts_of else None)
+    masked, scored = unit_masks(ids, special, starts_of(ids) if starts_of else None, variant)
     done = 0
-    for r, offset, seg, k in rows.place(len(ids), len(masks)):
-      m = masks[done:done + k]
-      blocks.append((r, offset, seg, np.where(m, tok.mask_id, ids[None, :]), m, ids, s))
+    for r, offset, seg, k in rows.place(len(ids), len(masked)):
+      blocks.append((r, offset, seg, np.where(masked[done:done + k], tok.mask_id, ids[None, :]),
+                     scored[done:done + k], ids, s))
       done += k
   n_rows = len(rows.used)
   input_ids = np.full((n_rows, row_len), tok.pad_id, np.int32)
@@ -171,13 +187,14 @@ class Scorer:
   """PLL of sentences under a masked LM given as (graphdef, params[, path to the masked-LM module]).
 
   `rows` rows per step (rounded up to the mesh's batch parallelism), `row_len` tokens a row, sentences
-  of at most `max_len` tokens (the model's positions; 0 = row_len). One compile per (rows, row_len,
-  slots) shape; `one_per_row` gives the unpacked reference."""
+  of at most `max_len` tokens (the model's positions; 0 = row_len), masked copies of `variant` (VARIANTS).
+  One compile per (rows, row_len, slots) shape; `one_per_row` gives the unpacked reference."""
 
-  def __init__(self, graphdef, tok, row_len: int, *, rows: int = 64, path: str = "", whole_word: bool = False,
+  def __init__(self, graphdef, tok, row_len: int, *, rows: int = 64, path: str = "", variant: str = "token",
                mesh=None, one_per_row: bool = False, max_len: int = 0, chunk_tokens: int = CHUNK_TOKENS):
     from flax import nnx
-    self.tok, self.row_len, self.whole_word, self.one_per_row = tok, int(row_len), whole_word, one_per_row
+    self.tok, self.row_len, self.one_per_row = tok, int(row_len), one_per_row
+    self.variant = check_variant(variant)
     self.max_len, self.chunk_tokens = int(max_len), int(chunk_tokens)
     self.slots = 0     # the widest rows packed so far: later chunks keep that compiled shape
     self.mesh = mesh
@@ -206,7 +223,7 @@ class Scorer:
     return longest(self.row_len, self.max_len)
 
   def pack(self, sentences: list) -> Packed:
-    p = pack(sentences, self.row_len, self.tok, self.whole_word, self.one_per_row, self.max_len, self.slots)
+    p = pack(sentences, self.row_len, self.tok, self.variant, self.one_per_row, self.max_len, self.slots)
     self.slots = p.slot_positions.shape[1]
     return p
 

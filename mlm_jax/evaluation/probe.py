@@ -2,7 +2,8 @@
 
 Every `train.probe_every` steps: a closed-form ridge classifier on a fixed sample of each
 `train.probe_tasks` task, logged as `probe/<task>`, plus `probe/token_cosine` (near 1 = collapsed);
-`blimp` among the tasks adds `probe/blimp`, the masked LM's zero-shot accuracy on a fixed BLiMP subset.
+`blimp` among the tasks adds `probe/blimp`, the masked LM's zero-shot accuracy on a fixed BLiMP subset, and
+`clams` adds `probe/clams/<lang>` per CLAMS language (and their mean, `probe/clams`) on a fixed sample.
 Comparable across the steps of one run, not a fine-tuning estimate (docs/design_notes.md#probe).
 """
 from __future__ import annotations
@@ -132,7 +133,7 @@ def from_suite(names, tok, seq_len: int, type_vocab_size: int, max_train: int, m
   for name in names:
     if name not in catalogue.BY_NAME:
       raise ConfigError(f"train.probe_tasks: unknown task {name!r} (expected some of "
-                        f"{', '.join(catalogue.BY_NAME)}, blimp)")
+                        f"{', '.join(catalogue.BY_NAME)}, {', '.join(PAIR_PROBES)})")
     task = catalogue.BY_NAME[name]
     cfg = catalogue.load_config(task, "fast", catalogue.data_dir())
     if cfg.task.kind not in DEFAULT_METRIC:
@@ -161,33 +162,51 @@ class Probes:
     return out
 
 
-class BlimpProbe:
-  """`probe/blimp`: zero-shot BLiMP accuracy (ties wrong) of the objective's masked LM on the first `pairs`
-  pairs of every paradigm, its PLL rows split over the run's mesh."""
+PAIR_PROBES = ("blimp", "clams")   # probe_tasks scored by the masked LM itself (PairsProbe)
 
-  def __init__(self, trainer, tok, pairs: int):
+
+class PairsProbe:
+  """Zero-shot minimal pairs of the objective's masked LM by PLL (ties wrong), its rows split over the run's
+  mesh, one Scorer (one compile) for all: `probe/blimp` on the first `probe_blimp_pairs` pairs of every
+  paradigm; `probe/clams/<lang>` and their mean `probe/clams` on a fixed sample of `probe_clams_pairs` pairs
+  a language (tasks/clams.py `sample`)."""
+
+  def __init__(self, trainer, tok, names, train_config):
     from mlm_jax.errors import ConfigError
     from mlm_jax.evaluation import pll
-    from mlm_jax.tasks import blimp, catalogue
-    if pairs < 1:
-      raise ConfigError(f"train.probe_blimp_pairs={pairs}: expected at least 1 pair per paradigm")
+    from mlm_jax.tasks import blimp, catalogue, clams
+    t = train_config
     path, model_cfg = trainer.objective.masked_lm(trainer.config)
-    pll.check_mlm_head(model_cfg, "train.probe_tasks=blimp")
-    self.paradigms = blimp.read(blimp.folder(catalogue.data_dir(need=blimp.FOLDER)), pairs)
+    pll.check_mlm_head(model_cfg, f"train.probe_tasks={','.join(names)}")
+    self.sets = {}
+    if "blimp" in names:
+      if t.probe_blimp_pairs < 1:
+        raise ConfigError(f"train.probe_blimp_pairs={t.probe_blimp_pairs}: expected at least 1 pair per paradigm")
+      self.sets["blimp"] = blimp.read(blimp.folder(catalogue.data_dir(need=blimp.FOLDER)), int(t.probe_blimp_pairs))
+    if "clams" in names:
+      if t.probe_clams_pairs < 1:
+        raise ConfigError(f"train.probe_clams_pairs={t.probe_clams_pairs}: expected at least 1 pair per language")
+      self.sets["clams"] = clams.sample(clams.folder(catalogue.data_dir(need=clams.FOLDER)),
+                                        int(t.probe_clams_pairs), tuple(t.probe_clams_languages))
     self.scorer = pll.Scorer(trainer.graphdef, tok, pll.ROW_LEN, rows=Probe.ROWS, path=path, mesh=trainer.mesh,
                              max_len=pll.max_len(model_cfg))
 
   def __call__(self, params) -> dict:
     from mlm_jax.evaluation import zeroshot
-    r = zeroshot.blimp(self.scorer, params, self.paradigms)
-    return {"probe/blimp": r["overall"], "probe/blimp_seconds": r["seconds"]}
+    out = {}
+    for name, sets in self.sets.items():
+      r = zeroshot.score_pairs(self.scorer, params, sets)
+      out[f"probe/{name}"] = r["overall"]
+      out.update({f"probe/{name}/{group}": acc for group, acc in r.get("groups", {}).items()})
+      out[f"probe/{name}_seconds"] = r["seconds"]
+    return out
 
 
 class Probe:
   """The training loop's probe: the objective's encoder run without dropout on fixed samples of
   `train.probe_tasks`, replicated on every device (a probe batch is small), linear classifiers fit
-  on the host; `blimp` scores the masked LM (BlimpProbe). Its task samples are read at start, so a bad
-  task name fails before training."""
+  on the host; `blimp` and `clams` score the masked LM (PairsProbe). Its task samples are read at start, so
+  a bad task name fails before training."""
 
   ROWS = 64   # a probe forward pass's batch: one compiled shape for every probe
 
@@ -196,11 +215,11 @@ class Probe:
     config = trainer.config
     path, model_cfg = trainer.objective.encoder(config)
     t = config.train
-    suite_tasks = [n for n in t.probe_tasks if n != "blimp"]
+    suite_tasks = [n for n in t.probe_tasks if n not in PAIR_PROBES]
     self.probes = Probes(from_suite(suite_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size,
                                     t.probe_train_examples, t.probe_eval_examples), self.ROWS) if suite_tasks else None
-    self.blimp = (BlimpProbe(trainer, tok, int(t.probe_blimp_pairs))
-                  if "blimp" in t.probe_tasks else None)
+    pairs = [n for n in PAIR_PROBES if n in t.probe_tasks]
+    self.pairs = PairsProbe(trainer, tok, pairs, t) if pairs else None
     self.replicated = sharding.replicated(trainer.mesh)
 
     def hidden(params, batch):
@@ -216,6 +235,6 @@ class Probe:
       placed = {k: jax.make_array_from_process_local_data(self.replicated, batch[k]) for k in keys}
       return np.asarray(self.hidden(params, placed).addressable_data(0))
     out = self.probes(last_layer) if self.probes is not None else {}
-    if self.blimp is not None:
-      out.update(self.blimp(params))
+    if self.pairs is not None:
+      out.update(self.pairs(params))
     return out

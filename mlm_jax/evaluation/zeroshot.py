@@ -1,10 +1,12 @@
-"""Zero-shot BLiMP: a minimal pair is right when PLL(good) > PLL(bad); a tie is wrong.
+"""Zero-shot minimal pairs (BLiMP, CLAMS, a user's files): a pair is right when PLL(good) > PLL(bad); a tie is wrong.
 
 Ties count as errors because a model that gives every sentence one score must sit at 0, not at chance
 (BabyLM 2025). For the same reason a pair with a sentence longer than the model reads (a 64-position
-model meets 9 of the 67,000) is wrong, not skipped: every model is scored on the same pairs, and the
-summary says how many (`too_long`). Accuracy overall is the mean over paradigms, as the paper reports it;
-per phenomenon, the mean over its paradigms (docs/quality.md).
+model meets 9 of BLiMP's 67,000) is wrong, not skipped: every model is scored on the same pairs, and the
+summary says how many (`too_long`). A set's accuracy is the share of its pairs right; a phenomenon's the
+mean over its sets; a group's (CLAMS: a language; a pairs task: a file) the mean over its sets; overall,
+the mean over groups, or over sets where there are none (BLiMP: over paradigms, as the paper reports it;
+docs/quality.md). `pll` names the PLL variant (evaluation/pll.py) that scored them.
 """
 from __future__ import annotations
 
@@ -20,34 +22,47 @@ def pair_correct(good: np.ndarray, bad: np.ndarray) -> np.ndarray:
   return np.asarray(good) > np.asarray(bad)
 
 
-def summarize(paradigms: list, correct: dict) -> dict:
-  """{'overall', 'phenomena': {term: acc}, 'paradigms': {UID: acc}, 'pairs'} from bool arrays per UID."""
-  per = {p.name: float(np.mean(correct[p.name])) for p in paradigms}
-  terms = {}
-  for p in paradigms:
-    terms.setdefault(p.phenomenon, []).append(per[p.name])
-  return dict(overall=float(np.mean(list(per.values()))),
-              phenomena={t: float(np.mean(v)) for t, v in sorted(terms.items())},
-              paradigms=per, pairs=int(sum(len(p.good) for p in paradigms)))
+def _means(sets: list, per: dict, key) -> dict:
+  out = {}
+  for s in sets:
+    out.setdefault(key(s), []).append(per[s.name])
+  return {k: float(np.mean(v)) for k, v in out.items()}
 
 
-def blimp(scorer: pll.Scorer, params, paradigms: list) -> dict:
-  """The BLiMP summary of one masked LM: every sentence that fits the model scored by one Scorer call."""
+def summarize(sets: list, correct: dict) -> dict:
+  """{'overall', 'phenomena': {term: acc}, 'paradigms': {set name: acc}, 'pairs'} from bool arrays per set
+  name; sets with groups add 'groups': {group: acc} and 'by_group': {group: {term: acc}}."""
+  per = {s.name: float(np.mean(correct[s.name])) for s in sets}
+  terms = _means(sets, per, lambda s: s.phenomenon)
+  out = dict(phenomena=dict(sorted(terms.items())), paradigms=per, pairs=int(sum(len(s.good) for s in sets)))
+  if any(s.group for s in sets):
+    out["groups"] = _means(sets, per, lambda s: s.group)
+    out["by_group"] = {}
+    for s in sets:
+      out["by_group"].setdefault(s.group, {})[s.phenomenon] = per[s.name]
+    out["overall"] = float(np.mean(list(out["groups"].values())))
+  else:
+    out["overall"] = float(np.mean(list(per.values())))
+  return out
+
+
+def score_pairs(scorer: pll.Scorer, params, sets: list) -> dict:
+  """The summary of one masked LM on pair sets: every sentence that fits the model scored by one Scorer call."""
   t0 = time.perf_counter()
-  sentences = [s for p in paradigms for s in p.good + p.bad]
+  sentences = [x for s in sets for x in s.good + s.bad]
   ids = pll.encode(scorer.tok, sentences)
   fits = np.array([len(x) <= scorer.longest for x in ids], bool)
   scores = np.zeros(len(ids), np.float64)
   scores[fits] = scorer(params, [x for x, ok in zip(ids, fits) if ok])
   correct, too_long, at = {}, 0, 0
-  for p in paradigms:
-    n = len(p.good)
+  for s in sets:
+    n = len(s.good)
     both = fits[at:at + n] & fits[at + n:at + 2 * n]
-    correct[p.name] = pair_correct(scores[at:at + n], scores[at + n:at + 2 * n]) & both
+    correct[s.name] = pair_correct(scores[at:at + n], scores[at + n:at + 2 * n]) & both
     too_long += int((~both).sum())
     at += 2 * n
-  out = summarize(paradigms, correct)
-  out.update(too_long=too_long, longest=scorer.longest)
+  out = summarize(sets, correct)
+  out.update(too_long=too_long, longest=scorer.longest, pll=scorer.variant)
   out["seconds"] = time.perf_counter() - t0
   out["sentences_per_second"] = len(sentences) / max(out["seconds"], 1e-9)
   return out

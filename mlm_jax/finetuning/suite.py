@@ -15,9 +15,8 @@ import re
 import shutil
 import time
 
-from mlm_jax.errors import DataError, NoMaskedLM, Preempted
+from mlm_jax.errors import DataError, Preempted
 from mlm_jax.finetuning import kept_result
-from mlm_jax.tasks import blimp
 from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select, select_zeroshot
 
 RESULT_FILE = "suite_result.json"
@@ -150,15 +149,21 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
   return result
 
 
-def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, seeds: int = 0,
+def run_suite(init_from: str, out: str, *, tasks="", fast: bool = False, seeds: int = 0,
               random_init: bool = False, pretrain_langs: str = "", data: str = "", overrides: dict | None = None,
-              log=say, blimp_pairs: int = 0) -> dict:
+              log=say, blimp_pairs: int = 0, zeroshot_pairs: int = 0, pll: str = "token",
+              pair_columns: dict | None = None) -> dict:
   """Every selected task x seed (finished ones read back) and the zero-shot tasks, then the summary, written
-  to OUT/downstream.json and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model."""
+  to OUT/downstream.json and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model.
+  `tasks`: 'a,b' or a list of such strings (--tasks repeated); zero-shot tasks score `zeroshot_pairs` pairs a set
+  (BLiMP: `blimp_pairs` if given) by the `pll` variant, a pairs task's columns named by `pair_columns`."""
+  from mlm_jax.evaluation import pll as pll_lib
   from mlm_jax.finetuning import suite_report, zeroshot_suite
   from mlm_jax.training import provision
   chosen, zero = select(tasks), select_zeroshot(tasks)
-  data = data_dir(data, "downstream" if chosen else blimp.FOLDER)
+  pll_lib.check_variant(pll, "--pll")
+  need = "downstream" if chosen else next((z.data for z in zero if z.data), "")
+  data = data_dir(data, need) if need else data
   for t in chosen:
     if not os.path.isdir(os.path.join(data, "downstream", t.folder)):
       raise DataError(f"{os.path.join(data, 'downstream', t.folder)}: no such folder (the data of task {t.name!r})")
@@ -166,16 +171,10 @@ def run_suite(init_from: str, out: str, *, tasks: str = "", fast: bool = False, 
   os.makedirs(out, exist_ok=True)
   source = provision.init_source(init_from, out) if chosen else init_from
   langs, langs_from = pretrain_languages(init_from, pretrain_langs)
-  zeroshot = {}
-  if zero:
-    try:
-      zeroshot["blimp"] = zeroshot_suite.run_blimp(init_from=init_from, source=source, out=out, fast=fast,
-                                                   random_init=random_init, data=data, log=log, pairs=blimp_pairs,
-                                                   identity=kept_result.init_identity(init_from, random_init))
-    except NoMaskedLM as e:
-      if tasks:   # asked for by name: the one-line error
-        raise
-      log(f"[downstream] blimp: skipped, {str(e).removeprefix('blimp: ')}")
+  zeroshot = zeroshot_suite.run_tasks(
+      zero, init_from=init_from, source=source, out=out, fast=fast, random_init=random_init, data=data, log=log,
+      identity=kept_result.zeroshot_identity(init_from, random_init, pll), pairs=zeroshot_pairs,
+      blimp_pairs=blimp_pairs, columns=pair_columns, variant=pll, skip_without_head=not tasks) if zero else {}
   results = {}
   for t in chosen:
     results[t.name] = [run_one(t, s, init_from=source, out=out, mode=mode, data=data, random_init=random_init,

@@ -1,5 +1,6 @@
 """The downstream suite's table and JSON: per task mean ± std over seeds, the average of each group
-(fine-tuning, zero-shot), zero-shot cross-lingual columns and BLiMP's phenomena beside the paper's rows.
+(fine-tuning, zero-shot), zero-shot cross-lingual columns, BLiMP's phenomena beside the paper's rows, and
+CLAMS's and a user's pairs per phenomenon and language (or file).
 
 Scores are percentages of each task's standard metric, averaged unweighted over tasks, as a GLUE table
 does; how the cross-lingual means are taken: docs/design_notes.md#finetuner-suite-suite_report.
@@ -61,6 +62,10 @@ def _too_long(z: dict) -> str:
   return f"; {n} longer than the model's {z['longest']} tokens, counted wrong" if n else ""
 
 
+def _pll(z: dict) -> str:
+  return z.get("pll", "token")   # kept before --pll existed: token
+
+
 def main_table(summary: dict) -> list[str]:
   lines = [f"{'task':<15}{'metric':<10}{'score (mean ± std)':>20}{'seeds':>7}{'time':>10}"]
   for name, row in summary["tasks"].items():
@@ -73,7 +78,7 @@ def main_table(summary: dict) -> list[str]:
   zeroshot = summary.get("zeroshot") or {}
   for name, z in zeroshot.items():
     lines.append(f"{name:<15}{'acc':<10}{_cell(100 * z['overall']):>20}{'-':>7}{_time(z['seconds']):>10}"
-                 f"  (zero-shot, {z['pairs']} pairs{_too_long(z)})")
+                 f"  (zero-shot, {z['pairs']} pairs, {_pll(z)} PLL{_too_long(z)})")
   if zeroshot:
     lines.append(f"{'average (zero-shot)':<25}{_cell(summary['zeroshot_average']):>20}   ({len(zeroshot)} tasks)")
   return lines
@@ -90,6 +95,35 @@ def blimp_table(summary: dict) -> list[str]:
   for term, acc in list(z["phenomena"].items()) + [("overall", z["overall"])]:
     cells = "".join(f"{_cell(100 * published[r][term]) if term in published[r] else '-':>16}" for r in rows)
     lines.append(f"{term:<36}{_cell(100 * acc):>11}{cells}")
+  return lines
+
+
+GROUP_COLUMNS = 10   # groups (languages, files) side by side; more continue in another block
+
+
+def pairs_table(name: str, z: dict) -> list[str]:
+  """A zero-shot task other than BLiMP: per phenomenon (rows) and language or file (columns) with each one's
+  mean (over its phenomena); without groups, per phenomenon; then the overall accuracy."""
+  what = f"zero-shot {name} ({_pll(z)} pseudo-log-likelihood, a tie is wrong; {z['pairs']} pairs"
+  groups = z.get("groups")
+  if not groups:
+    terms = {t: a for t, a in z["phenomena"].items() if t}
+    lines = [what + ")", f"{'phenomenon':<36}{'accuracy':>9}"] if terms else [what + ")"]
+    return lines + [f"{t:<36}{_cell(100 * a):>9}" for t, a in terms.items()] + [f"{'overall':<36}{_cell(100 * z['overall']):>9}"]
+  lines = [what + f"; the mean of a {z.get('group') or 'group'} over its phenomena, overall over "
+           f"{z.get('group') or 'group'}s: {_cell(100 * z['overall'])})"]
+  names = list(groups)
+  terms = sorted({t for g in names for t in z["by_group"][g]})
+  width = max([len(t) for t in terms] + [10]) + 2
+  for at in range(0, len(names), GROUP_COLUMNS):
+    block = names[at:at + GROUP_COLUMNS]
+    cols = max([len(g) for g in block] + [5]) + 2
+    lines.append(f"{'phenomenon':<{width}}" + "".join(f"{g:>{cols}}" for g in block))
+    for t in terms:
+      cells = (z["by_group"][g].get(t) for g in block)
+      lines.append(f"{t or '(all)':<{width}}" + "".join(f"{_cell(None if c is None else 100 * c):>{cols}}"
+                                                         for c in cells))
+    lines.append(f"{'mean':<{width}}" + "".join(f"{_cell(100 * groups[g]):>{cols}}" for g in block))
   return lines
 
 
@@ -121,8 +155,11 @@ def format_table(summary: dict) -> str:
   bl = blimp_table(summary)
   if bl:
     pairs = summary["zeroshot"]["blimp"]["pairs"]
-    lines += ["", f"zero-shot BLiMP (pseudo-log-likelihood, a tie is wrong; {pairs} pairs; the paper's rows: "
-                  "all 67,000 pairs)"] + bl
+    lines += ["", f"zero-shot BLiMP ({_pll(summary['zeroshot']['blimp'])} pseudo-log-likelihood, a tie is wrong; "
+                  f"{pairs} pairs; the paper's rows: all 67,000 pairs)"] + bl
+  for name, z in (summary.get("zeroshot") or {}).items():
+    if name != "blimp":
+      lines += [""] + pairs_table(name, z)
   xl = crosslingual_table(summary)
   if xl:
     seen = summary["pretrain_languages"]
@@ -132,13 +169,16 @@ def format_table(summary: dict) -> str:
 
 
 def _scores(summary: dict) -> dict:
-  """{row: (label, score in %)}: each task's mean, each zero-shot task's overall and BLiMP's phenomena."""
+  """{row: (label, score in %)}: each task's mean, each zero-shot task's overall and its languages or files
+  (CLAMS, pairs of several files), else its phenomena (BLiMP, pairs of one file)."""
   out = {name: (METRIC_NAMES.get(r["metric"], r["metric"]), r["mean"]) for name, r in summary["tasks"].items()}
   if summary["tasks"]:
     out["average (fine-tuning)"] = ("", summary["average"])
   for name, z in (summary.get("zeroshot") or {}).items():
     out[name] = ("acc", 100 * z["overall"])
-    out.update({f"  {term}": ("acc", 100 * acc) for term, acc in z.get("phenomena", {}).items()})
+    parts = z.get("groups") or {t: a for t, a in z.get("phenomena", {}).items() if t}
+    out.update({f"  {name}/{part}" if name != "blimp" else f"  {part}": ("acc", 100 * acc)
+                for part, acc in parts.items()})
   return out
 
 

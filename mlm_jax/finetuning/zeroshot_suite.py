@@ -1,7 +1,10 @@
-"""The suite's zero-shot tasks (BLiMP): the masked LM of INIT_FROM scores minimal pairs by PLL, no training.
+"""The suite's zero-shot tasks (BLiMP, CLAMS, a user's pairs): the masked LM of INIT_FROM scores minimal pairs
+by PLL, no training.
 
-`--fast` scores the first FAST_PAIRS pairs of each paradigm; a finished result (OUT/blimp/result.json) is
-read back by a re-run. The model is replicated over a mesh of every device, its PLL rows split over it.
+`--fast` scores FAST_PAIRS pairs of each set: the first of a BLiMP paradigm, pairs spread over a CLAMS file or a
+phenomenon of a user's file (tasks/minimal_pairs.py `spread`); a finished result (OUT/TASK/result.json) is read back by a re-run of the same model, pairs and
+PLL variant. The model is loaded once for every task that needs scoring, replicated over a mesh of every
+device, its PLL rows split over it.
 """
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ import os
 
 import jax
 
-from mlm_jax.errors import UserError
-from mlm_jax.tasks import blimp
+from mlm_jax.errors import NoMaskedLM, UserError
+from mlm_jax.tasks import blimp, clams, minimal_pairs
 
-FAST_PAIRS = 100          # per paradigm: 6,700 pairs
+FAST_PAIRS = 100          # per set: BLiMP 6,700 pairs (its first), CLAMS 5,000 (spread over each file)
 PLL_ROWS = 64             # rows of packed masked copies per step
 RESULT_FILE = "result.json"
+GROUP_LABEL = dict(clams="language", pairs="file")   # what a set's group is, in the table
 
 
 def load_masked_lm(init_from: str, source: str, random_init: bool):
@@ -32,7 +36,7 @@ def load_masked_lm(init_from: str, source: str, random_init: bool):
   return lm
 
 
-def scorer_for(lm, whole_word: bool = False):
+def scorer_for(lm, variant: str = "token"):
   """(pll.Scorer, params placed on the mesh) for a MaskedLM."""
   from flax import nnx
   from mlm_jax.config.defaults import default_config
@@ -42,45 +46,87 @@ def scorer_for(lm, whole_word: bool = False):
   mesh = sharding.make_mesh(default_config().mesh)
   graphdef, params = nnx.split(lm.model, nnx.Param)
   params = jax.device_put(params, sharding.replicated(mesh))
-  return pll.Scorer(graphdef, lm.tokenizer, pll.ROW_LEN, rows=PLL_ROWS, whole_word=whole_word, mesh=mesh,
+  return pll.Scorer(graphdef, lm.tokenizer, pll.ROW_LEN, rows=PLL_ROWS, variant=variant, mesh=mesh,
                     max_len=pll.max_len(lm.model_config)), params
 
 
-def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str, log,
-              pairs: int = 0, identity: dict | None = None) -> dict:
-  """BLiMP's summary (evaluation/zeroshot.py) plus `seconds`, computed once and kept in OUT/blimp; the first
-  `pairs` pairs a paradigm (0: FAST_PAIRS with `fast`, else all). A kept result is read back only when it
-  was computed from the same model (`identity`: folder, newest step, config) on the same pairs."""
-  from mlm_jax.evaluation import zeroshot
+def read_sets(task, data: str, pairs: int, columns: dict | None = None) -> list:
+  """The pair sets of a zero-shot task (catalogue.ZeroShotTask), the first `pairs` of each (0 = all)."""
+  if task.kind == "blimp":
+    return blimp.read(blimp.folder(data), pairs)
+  if task.kind == "clams":
+    return clams.read(clams.folder(data), pairs)
+  return minimal_pairs.read(task.pattern, columns, pairs)
+
+
+def _kept(path: str, depends: dict, name: str, log) -> dict | None:
+  """A kept result computed from the same model, pairs and PLL variant, else None (with a line saying why)."""
   from mlm_jax.finetuning.kept_result import differs
-  where = blimp.folder(data)
-  paradigms = blimp.read(where, pairs or (FAST_PAIRS if fast else 0))
-  done = os.path.join(out, "blimp", RESULT_FILE)
-  total = sum(len(p.good) for p in paradigms)
-  depends = dict(identity or {}, pairs=total)
-  if os.path.exists(done):
-    with open(done, encoding="utf-8") as f:
-      result = json.load(f)
-    if result.get("depends_on") == depends:
-      log(f"[downstream] blimp: done before, accuracy {100 * result['overall']:.1f} (skipped)")
-      return result
-    saved = result.get("depends_on")
-    what = differs(saved, depends) if saved else "no record of the model it scored"
-    log(f"[downstream] blimp: the kept result is of another model or subset ({what}); scoring again")
-  try:
-    lm = load_masked_lm(init_from, source, random_init)
-    scorer, params = scorer_for(lm)
-  except UserError as e:
-    raise type(e)(f"blimp: {e}") from None
-  log(f"[downstream] blimp: started ({total} pairs, {len(paradigms)} paradigms)")
-  result = zeroshot.blimp(scorer, params, paradigms)
-  result.update(published=blimp.published(where), source=lm.source, depends_on=depends)
-  os.makedirs(os.path.dirname(done), exist_ok=True)
-  with open(done + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=1, sort_keys=True)
-  os.replace(done + ".tmp", done)
-  if result["too_long"]:
-    log(f"[downstream] blimp: {result['too_long']} pairs have a sentence longer than the model's "
-        f"{result['longest']} tokens: counted wrong")
-  log(f"[downstream] blimp: finished, accuracy {100 * result['overall']:.1f} ({result['seconds']:.0f} s)")
-  return result
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    result = json.load(f)
+  saved = result.get("depends_on")
+  if saved is not None:
+    saved = dict({"pll": "token"}, **saved)   # kept before --pll existed: token PLL
+  if saved == depends:
+    log(f"[downstream] {name}: done before, accuracy {100 * result['overall']:.1f} (skipped)")
+    return result
+  what = differs(saved, depends) if saved else "no record of the model it scored"
+  log(f"[downstream] {name}: the kept result is of another model or subset ({what}); scoring again")
+  return None
+
+
+def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str,
+              log, identity: dict, pairs: int = 0, blimp_pairs: int = 0, columns: dict | None = None,
+              variant: str = "token", skip_without_head: bool = False) -> dict:
+  """{task name: summary (evaluation/zeroshot.py) plus seconds, published rows, source}, each computed once and
+  kept in OUT/TASK; `pairs` a set (0: FAST_PAIRS with `fast`, else all; BLiMP: `blimp_pairs` if given). A kept
+  result is read back only when computed from the same model (`identity`: kept_result.zeroshot_identity, the
+  PLL variant included) on the same pairs. `skip_without_head`: a model without an MLM head skips the tasks
+  with one line (the default task list) instead of failing."""
+  from mlm_jax.evaluation import zeroshot
+  from mlm_jax.finetuning.kept_result import digest
+  scorer = params = lm = None
+  results = {}
+  for task in tasks:
+    n = (blimp_pairs if task.kind == "blimp" and blimp_pairs else pairs) or (FAST_PAIRS if fast else 0)
+    try:
+      sets = read_sets(task, data, n, columns)
+    except UserError as e:
+      raise type(e)(f"{task.name}: {e}") from None
+    total = sum(len(s.good) for s in sets)
+    depends = dict(identity, pairs=total)
+    if task.kind == "pairs":   # a user's files may change: the pairs themselves, by content
+      depends["pair_sets"] = digest([(s.name, s.good, s.bad) for s in sets])
+    done = os.path.join(out, task.folder, RESULT_FILE)
+    kept = _kept(done, depends, task.name, log)
+    if kept is not None:
+      results[task.name] = kept
+      continue
+    if scorer is None:
+      try:
+        lm = load_masked_lm(init_from, source, random_init)
+        scorer, params = scorer_for(lm, variant)
+      except NoMaskedLM as e:
+        if skip_without_head:
+          log(f"[downstream] {', '.join(t.name for t in tasks)}: skipped, {e}")
+          return {}
+        raise type(e)(f"{task.name}: {e}") from None
+      except UserError as e:
+        raise type(e)(f"{task.name}: {e}") from None
+    log(f"[downstream] {task.name}: started ({total} pairs, {len(sets)} sets, {variant} PLL)")
+    result = zeroshot.score_pairs(scorer, params, sets)
+    result.update(source=lm.source, depends_on=depends, group=GROUP_LABEL.get(task.kind, ""))
+    if task.kind == "blimp":
+      result["published"] = blimp.published(blimp.folder(data))
+    os.makedirs(os.path.dirname(done), exist_ok=True)
+    with open(done + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1, sort_keys=True)
+    os.replace(done + ".tmp", done)
+    if result["too_long"]:
+      log(f"[downstream] {task.name}: {result['too_long']} pairs have a sentence longer than the model's "
+          f"{result['longest']} tokens: counted wrong")
+    log(f"[downstream] {task.name}: finished, accuracy {100 * result['overall']:.1f} ({result['seconds']:.0f} s)")
+    results[task.name] = result
+  return results

@@ -5,27 +5,19 @@ published_results.jsonl holds the paper's accuracies per paradigm (5-gram, LSTM,
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import gzip
 import json
 import os
 
 from mlm_jax.errors import DataError
+from mlm_jax.tasks.minimal_pairs import PairSet as Paradigm   # name: UID; phenomenon: linguistics_term
 
 FOLDER = os.path.join("zeroshot", "blimp")
 PUBLISHED = "published_results.jsonl"
 FIELDS = ("sentence_good", "sentence_bad", "linguistics_term", "UID")
 # The paper's rows (published_results.jsonl's keys), as the table names them.
 PUBLISHED_ROWS = dict(ngram="5-gram", lstm="LSTM", txl="Transformer-XL", gpt2="GPT-2")
-
-
-@dataclasses.dataclass(frozen=True)
-class Paradigm:
-  name: str                  # UID, e.g. adjunct_island
-  phenomenon: str            # linguistics_term, e.g. island_effects
-  good: tuple                # the grammatical sentences
-  bad: tuple                 # their ungrammatical twins, pair by pair
 
 
 def folder(data: str) -> str:

@@ -12,6 +12,7 @@ import os
 import re
 
 from mlm_jax.errors import ConfigError, DataError
+from mlm_jax.tasks import blimp, clams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +41,34 @@ TASKS = (
               also="exact_match"),
 )
 BY_NAME = {t.name: t for t in TASKS}
-# Scored by the masked LM itself, without fine-tuning (finetuning/zeroshot_suite.py).
-ZERO_SHOT = ("blimp",)
-ALL_NAMES = tuple(BY_NAME) + ZERO_SHOT
+# Scored by the masked LM itself, without fine-tuning (finetuning/zeroshot_suite.py), and their data folders.
+ZERO_SHOT = dict(blimp=blimp.FOLDER, clams=clams.FOLDER)
+ALL_NAMES = tuple(BY_NAME) + tuple(ZERO_SHOT)
+DEFAULT_NAMES = tuple(BY_NAME) + ("blimp",)   # without --tasks: CLAMS (335,466 pairs) is scored when named
+PAIRS = "pairs:"   # --tasks=pairs:NAME=GLOB, a user's own minimal pairs (tasks/minimal_pairs.py)
 TRAIN_LANGUAGE = "en"
 
 
+@dataclasses.dataclass(frozen=True)
+class ZeroShotTask:
+  name: str                 # the table's row: blimp, clams, or a pairs task's NAME
+  kind: str                 # blimp | clams | pairs
+  pattern: str = ""         # pairs: the glob of its files
+
+  @property
+  def folder(self) -> str:
+    """Its results' folder under OUT."""
+    return f"pairs_{self.name}" if self.kind == "pairs" else self.name
+
+  @property
+  def data(self) -> str:
+    """Its data folder under DATA ('' for a user's files)."""
+    return ZERO_SHOT.get(self.kind, "")
+
+
 def data_dir(path: str = "", need: str = "downstream") -> str:
-  """The folder holding `need` (downstream/; zeroshot/blimp) (--data_dir, else $MLM_JAX_DATA, else ../shared/data)."""
+  """The folder holding `need` (downstream/; zeroshot/blimp; zeroshot/clams) (--data_dir, else $MLM_JAX_DATA, else
+  ../shared/data)."""
   root = path or os.environ.get("MLM_JAX_DATA") or os.path.join(os.path.dirname(__file__), "..", "..", "..",
                                                                  "shared", "data")
   if not os.path.isdir(os.path.join(root, need)):
@@ -56,25 +77,44 @@ def data_dir(path: str = "", need: str = "downstream") -> str:
   return os.path.abspath(root)
 
 
-def _wanted(names: str) -> list:
-  wanted = [n.strip() for n in names.split(",") if n.strip()] if names else list(ALL_NAMES)
-  unknown = [n for n in wanted if n not in ALL_NAMES]
+def _wanted(names) -> list:
+  """The items of --tasks: one string 'a,b' or several (the flag repeated); none: DEFAULT_NAMES."""
+  values = [names] if isinstance(names, str) else list(names or ())
+  wanted = [n.strip() for v in values for n in v.split(",") if n.strip()] or list(DEFAULT_NAMES)
+  unknown = [n for n in wanted if n not in ALL_NAMES and not n.startswith(PAIRS)]
   if unknown:
-    raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (expected some of {', '.join(ALL_NAMES)})")
+    raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (expected some of {', '.join(ALL_NAMES)}, "
+                      f"or {PAIRS}NAME=GLOB)")
   return wanted
 
 
-def select(names: str) -> list[SuiteTask]:
+def select(names) -> list[SuiteTask]:
   """The fine-tuning tasks of --tasks=a,b (empty: all), in the suite's order; an unknown name is an error
   naming the choices."""
   wanted = _wanted(names)
   return [t for t in TASKS if t.name in wanted]
 
 
-def select_zeroshot(names: str) -> list[str]:
-  """The zero-shot tasks of --tasks (empty: all)."""
+def _pairs_task(item: str) -> ZeroShotTask:
+  name, eq, pattern = item[len(PAIRS):].partition("=")
+  if not eq or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or not pattern.strip():
+    raise ConfigError(f"--tasks={item}: expected {PAIRS}NAME=GLOB, NAME of letters, digits, _ . -, e.g. "
+                      f"{PAIRS}multiblimp='data/*/data.tsv'")
+  if name in BY_NAME or name in ZERO_SHOT:
+    raise ConfigError(f"--tasks={item}: {name!r} is the suite's own task; name the pairs otherwise")
+  return ZeroShotTask(name, "pairs", pattern.strip())
+
+
+def select_zeroshot(names) -> list[ZeroShotTask]:
+  """The zero-shot tasks of --tasks (empty: DEFAULT_NAMES's): BLiMP, CLAMS, then pairs tasks as given."""
   wanted = _wanted(names)
-  return [n for n in ZERO_SHOT if n in wanted]
+  out = [ZeroShotTask(n, n) for n in ZERO_SHOT if n in wanted]
+  out += [_pairs_task(n) for n in wanted if n.startswith(PAIRS)]
+  seen = [t.name for t in out]
+  twice = next((n for n in seen if seen.count(n) > 1), None)
+  if twice:
+    raise ConfigError(f"--tasks: two pairs tasks are named {twice!r}")
+  return out
 
 
 def configs_dir() -> str:
