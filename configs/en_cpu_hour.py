@@ -38,7 +38,7 @@ STEPS = 6000
 # Model FLOPs per token of a train step (mlm_jax/model/flops.py) at 15% and 30% masking: the 30% run
 # predicts twice the slots, so it gets fewer steps for the same compute.
 FLOPS_15, FLOPS_30 = 13_271_040, 14_671_872
-VARIANTS = ("mask30", "short")
+VARIANTS = ("mask30", "short", "bf16")
 
 
 def get_config(variant=""):
@@ -57,6 +57,8 @@ def get_config(variant=""):
   c.model.update(dict(vocab_size=0, hidden_size=192, num_layers=4, num_heads=3, intermediate_size=768,
                       max_position_embeddings=130, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5,
                       hidden_dropout=0.0, attention_dropout=0.0))
+  if "bf16" in parts:   # bfloat16 matmuls at the CPU's AVX512-BF16 rate, float32 weights (model.matmul)
+    c.model.dtype = "bfloat16"
   c.masking.mask_rate = 0.30 if "mask30" in parts else 0.15
   steps = STEPS // 4 if "short" in parts else STEPS
   if "mask30" in parts:

@@ -28,7 +28,7 @@ def _parse(argv) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmark.py train")
   p.add_argument("--model", choices=sorted(SIZES), default="mini")
   p.add_argument("--config", default="",
-                 help="a config file (configs/x.py[:variant]): its model, masking, data.seq_len and train.batch_size "
+                 help="a config file (configs/NAME.py[:variant]): its model, masking, data.seq_len and train.batch_size "
                       "instead of --model's size; --seq_len, --batch, --vocab, --dropout and --dtype given "
                       "explicitly still override them")
   p.add_argument("--seq_len", type=int, default=None, help="default 128")
@@ -67,7 +67,7 @@ _CONFIG_VALUES = dict(seq_len=lambda c: c.data.seq_len, batch=lambda c: c.train.
 
 
 def _load_config(spec: str):
-  """configs/x.py[:variant] -> its ConfigDict, as --config of the binaries reads it."""
+  """configs/NAME.py[:variant] -> its ConfigDict, as --config of the binaries reads it."""
   import importlib.util
   path, _, variant = spec.partition(":")
   if not os.path.isfile(path):
@@ -188,7 +188,7 @@ def _repeat(argv, args) -> None:
     summary[k] = med
     summary[k + "_spread"] = (max(values) - min(values)) / med if med else 0.0
   scale = summary["tokens_per_sec"] / runs[0]["tokens_per_sec"]   # the rates of the median run, not of the first
-  for k in ("steps_per_sec", "achieved_tflops", "mfu"):
+  for k in ("steps_per_sec", "achieved_tflops", "mfu", "dtype_mfu"):
     summary[k] = runs[0][k] * scale
   print(json.dumps(summary))
 
@@ -215,6 +215,8 @@ def train_main(argv):
   slots = masking.max_predictions(c.masking, s)
   fpt = flops.flops_per_token(c.model, s, slots)
   peak = args.peak_gflops * 1e9 if args.peak_gflops else flops.measure_matmul_peak()
+  # below float32 also the rate of the compute dtype's matmul (bfloat16 operands, float32 results)
+  dtype_peak = peak if c.model.dtype == "float32" else flops.measure_matmul_peak(dtype=c.model.dtype)
   result = dict(
       bench="mlm_jax_train", model=args.config or args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
       dropout=args.dropout, devices=args.devices, device=str(jax.devices()[0].platform),
@@ -227,7 +229,8 @@ def train_main(argv):
       step_peak_rss_mb=r["step_peak"],
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
-      mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=r["loss"],
+      mfu=flops.mfu(tokens_per_sec, fpt, peak), dtype_peak_tflops=dtype_peak / 1e12,
+      dtype_mfu=flops.mfu(tokens_per_sec, fpt, dtype_peak), final_loss=r["loss"],
       allocator=allocator, xla_flags=os.environ.get("XLA_FLAGS", ""),
       page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
   )
