@@ -15,10 +15,16 @@ Hardware: 2 CPU cores, no accelerator. Time: the steps run at ~12,000 tokens/s a
 Result (seed 0, 2026-12-03): held-out MLM loss 3.53 (accuracy 0.365); BLiMP --fast 55.3% (random init
 50.0, the paper's 5-gram 61.2, LSTM 69.8); all 67,000 pairs 55.9% (13 min to score): below the 5-gram
 row; docs/quality.md says by how much and why.
+Speed (`python tools/benchmark.py train --config=configs/en_cpu_hour.py [--dtype=bfloat16]`, 2026-12-03, a
+2-core Zen 5 VM with AVX512-BF16, float32 matmul peak 441 GFLOP/s, other jobs at loads 4-5): float32 6800
+tokens/s (MFU 20%; 8963 tokens/s, MFU 27%, alone on the VM), `:bf16` 10432 tokens/s (MFU 32% of the float32
+peak): bfloat16 matmuls with float32 results, float32 weights (model.matmul); its loss follows float32's
+(300 steps: held-out 6.367 against 6.372). docs/performance.md#the-recipes-step.
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
-the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); they combine: `:short,mask30`.
+the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf16` computes in bfloat16; they
+combine: `:short,mask30`.
 """
 import os
 

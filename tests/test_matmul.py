@@ -106,7 +106,7 @@ def _dot_operand_types(hlo: str) -> set:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's dots")
 def test_bf16_step_runs_only_bf16_dots_on_one_and_eight_devices(batch):  # noqa: F811 - the fixture
-  c = tiny_config(hidden_dropout=0.0, attention_dropout=0.0, dtype="bfloat16")   # auto: f32_out on CPU
+  c = tiny_config(num_layers=1, hidden_dropout=0.0, attention_dropout=0.0, dtype="bfloat16")   # auto: f32_out on CPU
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
   hlo, loss = _step(c, 1, batch)
   assert _dot_operand_types(hlo) == {("bf16", "bf16", "f32")}, _dot_operand_types(hlo)
