@@ -15,10 +15,16 @@ Hardware: 2 CPU cores, no accelerator. Time: the steps run at ~12,000 tokens/s a
 Result (seed 0, 2026-12-03): held-out MLM loss 3.53 (accuracy 0.365); BLiMP --fast 55.3% (random init
 50.0, the paper's 5-gram 61.2, LSTM 69.8); all 67,000 pairs 55.9% (13 min to score): below the 5-gram
 row; docs/quality.md says by how much and why.
+Speed (`python tools/benchmark.py train --config=configs/en_cpu_hour.py [--dtype=bfloat16]`, 2026-12-03, a
+2-core Zen 5 VM with AVX512-BF16, float32 matmul peak 441 GFLOP/s, other jobs at loads 4-5): float32 6800
+tokens/s (MFU 20%; 8963 tokens/s, MFU 27%, alone on the VM), `:bf16` 10432 tokens/s (MFU 32% of the float32
+peak): bfloat16 matmuls with float32 results, float32 weights (model.matmul); its loss follows float32's
+(300 steps: held-out 6.367 against 6.372). docs/performance.md#the-recipes-step.
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
-the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); they combine: `:short,mask30`.
+the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf16` computes in bfloat16; they
+combine: `:short,mask30`.
 """
 import os
 
@@ -38,7 +44,7 @@ STEPS = 6000
 # Model FLOPs per token of a train step (mlm_jax/model/flops.py) at 15% and 30% masking: the 30% run
 # predicts twice the slots, so it gets fewer steps for the same compute.
 FLOPS_15, FLOPS_30 = 13_271_040, 14_671_872
-VARIANTS = ("mask30", "short")
+VARIANTS = ("mask30", "short", "bf16")
 
 
 def get_config(variant=""):
@@ -57,6 +63,8 @@ def get_config(variant=""):
   c.model.update(dict(vocab_size=0, hidden_size=192, num_layers=4, num_heads=3, intermediate_size=768,
                       max_position_embeddings=130, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5,
                       hidden_dropout=0.0, attention_dropout=0.0))
+  if "bf16" in parts:   # bfloat16 matmuls at the CPU's AVX512-BF16 rate, float32 weights (model.matmul)
+    c.model.dtype = "bfloat16"
   c.masking.mask_rate = 0.30 if "mask30" in parts else 0.15
   steps = STEPS // 4 if "short" in parts else STEPS
   if "mask30" in parts:

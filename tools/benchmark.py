@@ -4,6 +4,7 @@
   python tools/benchmark.py train --model=mini --seq_len=128 --batch=32 --steps=20 --vocab=32000
   python tools/benchmark.py train --model=base --seq_len=512 --batch=32 --dtype=bfloat16 --dropout=0 \
       --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
+  python tools/benchmark.py train --config=configs/en_cpu_hour.py   # a config file's model, batch and length
   python tools/benchmark.py input [flags of tools/benchmark_input.py]
   python tools/benchmark.py pll --workdir=DEMO_WORKDIR [--model=mini]   # tools/benchmark_pll.py
 
@@ -26,25 +27,55 @@ from mlm_jax.config.sizes import SIZES
 def _parse(argv) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmark.py train")
   p.add_argument("--model", choices=sorted(SIZES), default="mini")
-  p.add_argument("--seq_len", type=int, default=128)
-  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--config", default="",
+                 help="a config file (configs/NAME.py[:variant]): its model, masking, data.seq_len and train.batch_size "
+                      "instead of --model's size; --seq_len, --batch, --vocab, --dropout and --dtype given "
+                      "explicitly still override them")
+  p.add_argument("--seq_len", type=int, default=None, help="default 128")
+  p.add_argument("--batch", type=int, default=None, help="default 32")
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=5,
                  help="untimed steps after compiling; glibc's heap reaches its high-water mark in these")
-  p.add_argument("--vocab", type=int, default=32000)
-  p.add_argument("--dtype", default="float32", help="compute dtype (float32 | bfloat16)")
-  p.add_argument("--dropout", type=float, default=0.1)
+  p.add_argument("--vocab", type=int, default=None, help="default 32000")
+  p.add_argument("--dtype", default=None, help="compute dtype (float32 | bfloat16); default float32")
+  p.add_argument("--dropout", type=float, default=None, help="default 0.1")
   p.add_argument("--mask_mode", default="token")
   p.add_argument("--devices", type=int, default=1, help="devices in the data axis (default 1)")
   p.add_argument("--peak_gflops", type=float, default=0.0, help="skip measuring the matmul peak")
   p.add_argument("--attention_impl", default="auto", help="auto | xla | splash | cudnn (model.attention_impl)")
+  p.add_argument("--matmul", default=None,
+                 help="auto | xla | f32_out (model.matmul; auto: f32_out on CPU below float32, else xla)")
   p.add_argument("--scan_layers", action="store_true", help="model.scan_layers: one lax.scan over the layers")
   p.add_argument("--remat", default="none", help="none | full | dots (model.remat)")
   p.add_argument("--repeat", type=int, default=1,
                  help="run N times, each in a fresh process; report every run, the medians and the spread")
   p.add_argument("--max_predictions", type=int, default=0,
                  help="prediction slots per sequence; 0 = masking.max_predictions' rule for the platform")
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  args.file_config = _load_config(args.config) if args.config else None
+  for k, default in _SIZE_DEFAULTS.items():   # None: not given; the config's value, else the default
+    if getattr(args, k) is None:
+      setattr(args, k, default if args.file_config is None else _CONFIG_VALUES[k](args.file_config))
+  return args
+
+
+# Flags a --config file supplies when they are not given, and where in the config they are.
+_SIZE_DEFAULTS = dict(seq_len=128, batch=32, vocab=32000, dtype="float32", dropout=0.1)
+_CONFIG_VALUES = dict(seq_len=lambda c: c.data.seq_len, batch=lambda c: c.train.batch_size,
+                      vocab=lambda c: c.model.vocab_size if c.model.vocab_size > 0 else c.tokenizer.vocab_size,
+                      dtype=lambda c: c.model.dtype, dropout=lambda c: c.model.hidden_dropout)
+
+
+def _load_config(spec: str):
+  """configs/NAME.py[:variant] -> its ConfigDict, as --config of the binaries reads it."""
+  import importlib.util
+  path, _, variant = spec.partition(":")
+  if not os.path.isfile(path):
+    sys.exit(f"--config={spec}: no such config file {path}")
+  module_spec = importlib.util.spec_from_file_location("_benchmark_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
 
 
 def _config(args, platform: str):
@@ -53,13 +84,20 @@ def _config(args, platform: str):
   from mlm_jax.model import attention
   from mlm_jax.training import resolve
   from mlm_jax.config.defaults import default_config
-  c = default_config()
-  c.model.update(SIZES[args.model])
-  c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
-                      attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len),
-                      attention_impl=args.attention_impl, scan_layers=args.scan_layers, remat=args.remat))
-  c.masking.update(dict(mode=args.mask_mode, mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3),
-                        max_predictions=args.max_predictions))
+  if args.file_config is not None:   # the file's model and masking, with the flags' sizes
+    c = args.file_config
+    c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
+                        attention_dropout=args.dropout))
+  else:
+    c = default_config()
+    c.model.update(SIZES[args.model])
+    c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
+                        attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len),
+                        attention_impl=args.attention_impl, scan_layers=args.scan_layers, remat=args.remat))
+    c.masking.update(dict(mode=args.mask_mode, max_predictions=args.max_predictions))
+  c.masking.update(dict(mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3)))
+  if args.matmul is not None:
+    c.model.matmul = args.matmul
   c.train.update(dict(steps=args.steps + args.warmup + 1, batch_size=args.batch))
   c.mesh.update(dict(data=args.devices, fsdp=1, tensor=1))
   # One segment per row, no padding (the batches below), as concat packing makes them: what cudnn serves.
@@ -150,7 +188,7 @@ def _repeat(argv, args) -> None:
     summary[k] = med
     summary[k + "_spread"] = (max(values) - min(values)) / med if med else 0.0
   scale = summary["tokens_per_sec"] / runs[0]["tokens_per_sec"]   # the rates of the median run, not of the first
-  for k in ("steps_per_sec", "achieved_tflops", "mfu"):
+  for k in ("steps_per_sec", "achieved_tflops", "mfu", "dtype_mfu"):
     summary[k] = runs[0][k] * scale
   print(json.dumps(summary))
 
@@ -177,18 +215,22 @@ def train_main(argv):
   slots = masking.max_predictions(c.masking, s)
   fpt = flops.flops_per_token(c.model, s, slots)
   peak = args.peak_gflops * 1e9 if args.peak_gflops else flops.measure_matmul_peak()
+  # below float32 also the rate of the compute dtype's matmul (bfloat16 operands, float32 results)
+  dtype_peak = peak if c.model.dtype == "float32" else flops.measure_matmul_peak(dtype=c.model.dtype)
   result = dict(
-      bench="mlm_jax_train", model=args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
+      bench="mlm_jax_train", model=args.config or args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
       dropout=args.dropout, devices=args.devices, device=str(jax.devices()[0].platform),
-      attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, scan_layers=args.scan_layers,
-      remat=args.remat,
+      attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, matmul=c.model.matmul,
+      scan_layers=c.model.scan_layers,
+      remat=c.model.remat,
       tokens_per_sec=tokens_per_sec, steps_per_sec=args.steps / total,
       step_time_median_s=statistics.median(times), step_time_min_s=min(times), compile_s=r["compile_s"],
       peak_rss_mb=max(r["compile_peak"], r["step_peak"]), compile_peak_rss_mb=r["compile_peak"],
       step_peak_rss_mb=r["step_peak"],
       model_flops_per_token=fpt, dense_equivalent_flops_per_token=flops.dense_flops_per_token(c.model, s),
       prediction_slots=slots, achieved_tflops=tokens_per_sec * fpt / 1e12, peak_tflops=peak / 1e12,
-      mfu=flops.mfu(tokens_per_sec, fpt, peak), final_loss=r["loss"],
+      mfu=flops.mfu(tokens_per_sec, fpt, peak), dtype_peak_tflops=dtype_peak / 1e12,
+      dtype_mfu=flops.mfu(tokens_per_sec, fpt, dtype_peak), final_loss=r["loss"],
       allocator=allocator, xla_flags=os.environ.get("XLA_FLAGS", ""),
       page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
   )

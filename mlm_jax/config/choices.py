@@ -15,6 +15,7 @@ CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots"),
     "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
+    "model.matmul": ("auto", "xla", "f32_out"),
     "masking.mode": ("token", "whole_word", "span"),
     "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
     "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),

@@ -111,6 +111,9 @@ def model_defaults() -> ml_collections.ConfigDict:
   # auto (or '') = per the mesh's platform: splash on TPU, cudnn on GPU for padding-only batches,
   # else xla; attention dropout > 0 always takes xla (mlm_jax/model/attention.py: resolve_impl).
   m.attention_impl = "auto"      # auto | xla | splash | cudnn
+  # auto = f32_out on CPU when dtype is below float32, else xla. f32_out: every matmul (forward and
+  # backward) takes dtype operands and returns float32, XLA:CPU's fast bfloat16 path (mlm_jax/model/matmul.py).
+  m.matmul = "auto"              # auto | xla | f32_out
   m.global_attention_every = 0   # 0 = every layer global; N = layer i global when i % N == 0, else local
   m.local_window = 128           # local layers: token i sees j when |i - j| <= local_window / 2 (HF ModernBERT)
   m.rope_theta_local = 10000.0   # rotary theta of the local layers

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
-from mlm_jax.model import attention
+from mlm_jax.model import attention, matmul
 from mlm_jax.config import choices, step_values
 from mlm_jax.errors import ConfigError
 
@@ -140,9 +140,9 @@ def _norm(cfg: ml_collections.ConfigDict, param_dtype) -> LayerNorm:
   return LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, param_dtype, bias=cfg.norm_bias)
 
 
-def _add_bias(y, bias, dtype):
-  """y + bias, or y when the layer has no bias (model.attention_bias / mlp_bias / head_bias off)."""
-  return y if bias is None else y + bias[...].astype(dtype)
+def _value(param):
+  """A parameter's array, or None for a layer without it (model.attention_bias / mlp_bias / head_bias off)."""
+  return None if param is None else param[...]
 
 
 def rotary(x, positions, theta: float):
@@ -177,25 +177,28 @@ class Attention(nnx.Module):
     self.window = window
     self.rope_theta = cfg.rope_theta_local if window else cfg.rope_theta
     self.dropout_rate = cfg.attention_dropout
+    self.matmul = cfg.get("matmul", "auto")
 
   def __call__(self, x, ctx: attention.Context, positions, dtype, key):
     def proj(kernel, bias):
-      return _add_bias(jnp.einsum("bsh,hnd->bsnd", x, kernel[...].astype(dtype)), bias, dtype)
+      return matmul.einsum("bsh,hnd->bsnd", x, kernel[...], dtype, self.matmul, _value(bias))
 
     q, k, v = proj(self.q_kernel, self.q_bias), proj(self.k_kernel, self.k_bias), proj(self.v_kernel, self.v_bias)
     if self.rotary:
       theta = self.rope_theta if ctx.rope_thetas is None else ctx.rope_thetas["local" if self.window else "global"]
       q, k = rotary(q, positions, theta), rotary(k, positions, theta)
-    if key is None or self.dropout_rate <= 0.0:
+    mode = matmul.effective(self.matmul, dtype)
+    if (key is None or self.dropout_rate <= 0.0) and not (mode == "f32_out" and ctx.impl == "xla"):
       out = attention.fused(q, k, v, ctx, self.window)
     else:
-      # jax.nn.dot_product_attention has no dropout on the probabilities; BERT's recipe trains
-      # with it, so the training path spells attention out (layout: docs/design_notes.md#encoder).
-      logits = jnp.einsum("bqnd,bknd->bnqk", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+      # jax.nn.dot_product_attention has no dropout on the probabilities, and its matmuls return the
+      # compute dtype; BERT's recipe trains with dropout and f32_out needs float32 results, so these
+      # spell attention out (layout: docs/design_notes.md#encoder).
+      logits = matmul.einsum_f32("bqnd,bknd->bnqk", q, k, dtype, mode) / math.sqrt(q.shape[-1])
       logits = jnp.where(ctx.masks[self.window], logits, jnp.finfo(jnp.float32).min)
       probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
-      out = jnp.einsum("bnqk,bknd->bqnd", probs, v)
-    return _add_bias(jnp.einsum("bsnd,ndh->bsh", out, self.o_kernel[...].astype(dtype)), self.o_bias, dtype)
+      out = matmul.einsum("bnqk,bknd->bqnd", probs, v, dtype, mode)
+    return matmul.einsum("bsnd,ndh->bsh", out, self.o_kernel[...], dtype, self.matmul, _value(self.o_bias))
 
 
 class MLP(nnx.Module):
@@ -213,12 +216,14 @@ class MLP(nnx.Module):
       self.wg_bias = bias(f, ("mlp",))
     self.wo_kernel = _param(ko, (f, h), ("mlp", "embed"), "normal", std, param_dtype)
     self.wo_bias = bias(h, ("norm",))
+    self.matmul = cfg.get("matmul", "auto")
 
   def __call__(self, x, dtype):
-    y = gelu(_add_bias(x @ self.wi_kernel[...].astype(dtype), self.wi_bias, dtype))
+    dense = lambda x, kernel, bias: matmul.einsum("bsi,io->bso", x, kernel[...], dtype, self.matmul, _value(bias))
+    y = gelu(dense(x, self.wi_kernel, self.wi_bias))
     if self.gated:
-      y = y * _add_bias(x @ self.wg_kernel[...].astype(dtype), self.wg_bias, dtype)
-    return _add_bias(y @ self.wo_kernel[...].astype(dtype), self.wo_bias, dtype)
+      y = y * dense(x, self.wg_kernel, self.wg_bias)
+    return dense(y, self.wo_kernel, self.wo_bias)
 
 
 class Layer(nnx.Module):
@@ -394,6 +399,11 @@ class Encoder(nnx.Module):
   def dtype(self):
     return jnp.dtype(self.cfg.dtype)
 
+  @property
+  def matmul_mode(self) -> str:
+    """model.matmul (mlm_jax/model/matmul.py); configs written before it mean `auto`."""
+    return self.cfg.get("matmul", "auto")
+
   def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None,
                activation_sharding=None):
     """`activation_sharding` pins the [batch, seq, hidden] activations between layers (the train step
@@ -458,8 +468,10 @@ class Encoder(nnx.Module):
 
   def mlm_transform(self, hidden):
     """The MLM head before the vocabulary projection: dense -> GELU -> LayerNorm (BERT and ModernBERT)."""
-    dtype = self.dtype
-    y = gelu(_add_bias(hidden @ self.head_kernel[...].astype(dtype), self.head_bias, dtype))
+    dtype, kernel = self.dtype, self.head_kernel[...]
+    y = matmul.einsum("ni,io->no", hidden.reshape(-1, hidden.shape[-1]), kernel, dtype, self.matmul_mode,
+                      _value(self.head_bias))
+    y = gelu(y.reshape(*hidden.shape[:-1], kernel.shape[-1]))
     return self.head_norm(y)
 
   def mlm_logits(self, hidden):

@@ -45,12 +45,14 @@ def dense_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int) -> float
 
 
 def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
-  """Best achieved FLOP/s of one jitted square matmul on the default device (the MFU denominator)."""
+  """Best achieved FLOP/s of one jitted square matmul on the default device (the MFU denominator): operands
+  in `dtype`, accumulated and returned in float32 (how model.matmul='f32_out' runs a bfloat16 model's)."""
+  import functools
   import jax
   import jax.numpy as jnp
   a = jax.random.normal(jax.random.key(0), (n, n), dtype)
   b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-  f = jax.jit(jnp.dot)
+  f = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
   f(a, b).block_until_ready()
   best = float("inf")
   for _ in range(repeats):

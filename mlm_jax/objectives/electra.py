@@ -125,7 +125,7 @@ class Electra(MLM):
     hidden = gen(batch["input_ids"], seg, pos, tt, dropout_key=gen_key, activation_sharding=activation_sharding)
     y = gen.mlm_transform(sparse_loss.gather_slots(hidden, batch["masked_positions"]))
     mlm = sparse_loss.mlm_sums(y, gen.word_embeddings[...], gen.decoder_bias[...], batch["masked_labels"],
-                              batch["masked_weights"])
+                              batch["masked_weights"], gen.matmul_mode)
     # The sampling logits again, without gradient (the loss's custom VJP keeps its own).
     logits = jnp.einsum("bph,vh->bpv", jax.lax.stop_gradient(y),
                         jax.lax.stop_gradient(gen.word_embeddings[...]).astype(y.dtype),

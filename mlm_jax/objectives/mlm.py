@@ -83,7 +83,7 @@ class MLM:
                    dropout_key=dropout_key, activation_sharding=activation_sharding)
     y = model.mlm_transform(sparse_loss.gather_slots(hidden, batch["masked_positions"]))
     return hidden, sparse_loss.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...],
-                                        batch["masked_labels"], batch["masked_weights"])
+                                        batch["masked_labels"], batch["masked_weights"], model.matmul_mode)
 
   def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
     _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)

@@ -11,15 +11,17 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from mlm_jax.model import matmul as matmul_lib
+
 
 def gather_slots(hidden, positions):
   """[B, S, H] hidden states at [B, P] positions -> [B, P, H]."""
   return jnp.take_along_axis(hidden, positions[..., None], axis=1)
 
 
-def _logits_t(y, embeddings, bias):
+def _logits_t(y, embeddings, bias, matmul):
   """[V, N] float32 logits of N slot vectors y [N, H] against the tied embeddings [V, H]."""
-  z = jnp.einsum("vh,nh->vn", embeddings.astype(y.dtype), y, preferred_element_type=jnp.float32)
+  z = matmul_lib.dot_f32("vh,nh->vn", embeddings.astype(y.dtype), y, matmul)
   return z + bias.astype(jnp.float32)[:, None]
 
 
@@ -34,40 +36,45 @@ def _stats(z, labels):
   return m, lse, label_logit
 
 
-@functools.partial(jax.custom_vjp)
-def sparse_cross_entropy(y, embeddings, bias, labels, weights):
-  """(sum of weighted NLL, sum of weighted top-1 hits) for slot vectors y [N, H] and labels [N]."""
-  z = _logits_t(y, embeddings, bias)
+def sparse_cross_entropy(y, embeddings, bias, labels, weights, matmul: str = "xla"):
+  """(sum of weighted NLL, sum of weighted top-1 hits) for slot vectors y [N, H] and labels [N];
+  `matmul`: model.matmul (mlm_jax/model/matmul.py), how the projection's matmuls are written."""
+  return _xent(matmul, y, embeddings, bias, labels, weights)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _xent(matmul, y, embeddings, bias, labels, weights):
+  z = _logits_t(y, embeddings, bias, matmul)
   m, lse, label_logit = _stats(z, labels)
   return ((lse - label_logit) * weights).sum(), ((label_logit >= m) * weights).sum()
 
 
-def _xent_fwd(y, embeddings, bias, labels, weights):
-  z = _logits_t(y, embeddings, bias)
+def _xent_fwd(matmul, y, embeddings, bias, labels, weights):
+  z = _logits_t(y, embeddings, bias, matmul)
   m, lse, label_logit = _stats(z, labels)
   out = ((lse - label_logit) * weights).sum(), ((label_logit >= m) * weights).sum()
   return out, (y, embeddings, bias, labels, weights, z, lse)
 
 
-def _xent_bwd(res, g):
+def _xent_bwd(matmul, res, g):
   y, embeddings, bias, labels, weights, z, lse = res
   scale = g[0] * weights                                                   # [N]
   dz = (jnp.exp(z - lse[None, :]) - _label_onehot(labels, z.shape[0])) * scale[None, :]
   dz_c = dz.astype(y.dtype)
-  d_emb = jnp.einsum("vn,nh->vh", dz_c, y, preferred_element_type=jnp.float32).astype(embeddings.dtype)
-  d_y = jnp.einsum("vn,vh->nh", dz_c, embeddings.astype(y.dtype), preferred_element_type=jnp.float32)
+  d_emb = matmul_lib.dot_f32("vn,nh->vh", dz_c, y, matmul).astype(embeddings.dtype)
+  d_y = matmul_lib.dot_f32("vn,vh->nh", dz_c, embeddings.astype(y.dtype), matmul)
   d_bias = dz.sum(axis=1).astype(bias.dtype)
   return d_y.astype(y.dtype), d_emb, d_bias, None, jnp.zeros_like(weights)
 
 
-sparse_cross_entropy.defvjp(_xent_fwd, _xent_bwd)
+_xent.defvjp(_xent_fwd, _xent_bwd)
 
 
-def mlm_sums(y, embeddings, bias, labels, weights):
+def mlm_sums(y, embeddings, bias, labels, weights, matmul: str = "xla"):
   """Metric sums for [..., H] slot vectors; flattens the slot dimensions."""
   h = y.shape[-1]
   y, labels, weights = y.reshape(-1, h), labels.reshape(-1), weights.reshape(-1).astype(jnp.float32)
-  loss_sum, correct_sum = sparse_cross_entropy(y, embeddings, bias, labels, weights)
+  loss_sum, correct_sum = sparse_cross_entropy(y, embeddings, bias, labels, weights, matmul)
   return dict(loss_sum=loss_sum, correct_sum=correct_sum, num_predictions=weights.sum())
 
 

@@ -360,9 +360,10 @@ class _Interval:
 
 
 def peak_flops(config: ml_collections.ConfigDict) -> float:
-  """Peak FLOP/s of all devices: config override, a known accelerator's peak, or measured on CPU."""
+  """Peak FLOP/s of all devices: config override, a known accelerator's peak, or measured on CPU (a matmul in
+  the model's compute dtype: a bfloat16 model's MFU is against the CPU's bfloat16 rate)."""
   per = config.train.peak_tflops_per_device * 1e12
   if not per:
     spec = flops.accelerator_spec(jax.devices()[0].device_kind)
-    per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3)
+    per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3, dtype=config.model.dtype)
   return per * jax.device_count()

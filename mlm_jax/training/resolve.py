@@ -17,7 +17,7 @@ from mlm_jax.config import choices, curricula, phases as phases_lib
 from mlm_jax.data import specs
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import ConfigError
-from mlm_jax.model import attention
+from mlm_jax.model import attention, matmul
 from mlm_jax.objectives import masking, registry
 from mlm_jax.training import provision
 from mlm_jax.workdir import files as workdir_files, restore
@@ -91,8 +91,9 @@ def check_input(config: ml_collections.ConfigDict, objective: type) -> None:
 
 def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: type | None = None) -> str:
   """What depends on the platform the step runs on ('cpu', 'gpu', 'tpu': the mesh's, which for the
-  AOT tool is not the host's): the attention implementation (`auto` -> splash / cudnn / xla) and the
-  number of prediction slots, written into the config so the jitted step uses them as they are.
+  AOT tool is not the host's): the attention implementation (`auto` -> splash / cudnn / xla), how
+  matmuls are written (model.matmul `auto` -> f32_out / xla) and the number of prediction slots,
+  written into the config so the jitted step uses them as they are.
   Returns why that implementation (also logged)."""
   _, seq_len = seq_len_of(config)
   packed = config.kind == PRETRAINING and config.data.packing == "segmented"   # rows that hold several documents
@@ -108,6 +109,9 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: t
         raise ConfigError(f"{e} (in {name})") from None
       config.model.attention_impl, why = "xla", f"xla, since {name} cannot use it: {e}"
   logging.info("attention: %s", why)
+  config.model.matmul = matmul.resolve(config.model, platform)
+  for tower in towers.values():
+    tower.matmul = matmul.resolve(tower, platform)
   if objective is not None:
     masking.check_slots(config.masking, seq_len)
     config.masking.max_predictions = masking.max_predictions(config.masking, seq_len, platform)
@@ -244,7 +248,7 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
 # Fields of `model` that stay the user's when continuing: how to run the model, not what it is.
 # Every other model field is the source's.
 RUN_MODEL_FIELDS = ("dtype", "param_dtype", "hidden_dropout", "attention_dropout", "remat", "attention_impl",
-                    "scan_layers")
+                    "scan_layers", "matmul")
 
 
 def _same(a, b) -> bool:

@@ -14,7 +14,7 @@ import ml_collections
 
 from mlm_jax import paths
 from mlm_jax.errors import CheckpointError
-from mlm_jax.model import attention, encoder
+from mlm_jax.model import attention, encoder, matmul
 from mlm_jax.objectives import registry
 
 
@@ -61,8 +61,10 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 def migrate_model(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`cfg` (a config.json's `model`) with the fields added since it was written filled in, as older
   runs meant them: encoder.MODEL_FIELDS (every bias and norm), attention.NEW_FIELDS (all-global,
-  unscanned) and `embedding_norm` (post-LN normalized the embeddings, pre-LN did not)."""
-  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **attention.NEW_FIELDS}.items() if k not in cfg}
+  unscanned), matmul.NEW_FIELDS (`auto`) and `embedding_norm` (post-LN normalized the embeddings, pre-LN
+  did not)."""
+  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **attention.NEW_FIELDS, **matmul.NEW_FIELDS}.items()
+             if k not in cfg}
   if "embedding_norm" not in cfg:
     missing["embedding_norm"] = cfg.norm == "post"
   if not missing:
@@ -82,6 +84,8 @@ def migrate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       # Resolved for the accelerator that trained it; a model built from it here (inference, conversion,
       # fine-tuning) picks the implementation of this host's platform again.
       config.model.attention_impl = "auto"
+    if config.model.get("matmul") == "f32_out":   # likewise: CPU's choice for a bfloat16 model
+      config.model.matmul = "auto"
   if "data" in config and "packing_fit" not in config.data:
     config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
   if "electra" in config and "share_embedding_norm" not in config.electra:

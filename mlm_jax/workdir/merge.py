@@ -18,7 +18,7 @@ from mlm_jax.objectives import registry
 from mlm_jax.workdir import checkpoints, files
 
 # How to run a model, not what it is: merged models may differ in these.
-_RUN_FIELDS = ("dtype", "param_dtype", "attention_impl", "hidden_dropout", "attention_dropout", "remat")
+_RUN_FIELDS = ("dtype", "param_dtype", "attention_impl", "hidden_dropout", "attention_dropout", "remat", "matmul")
 
 
 def select(workdir: str, last: int = 0, steps: tuple = ()) -> list[tuple[str, int]]:
