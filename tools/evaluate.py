@@ -113,7 +113,7 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int, whole_w
   from flax import nnx
   from mlm_jax.evaluation import pll
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, whole_word=whole_word)
+  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, whole_word=whole_word, shift=lm.shift)
   per_row = scorer(params, rows)
   total, count = float(per_row.sum()), sum(len(r) - 2 for r in rows)
   per = total / max(count, 1)

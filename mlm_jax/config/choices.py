@@ -15,7 +15,8 @@ CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots"),
     "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
-    "masking.mode": ("token", "whole_word", "span"),
+    "masking.mode": ("token", "whole_word", "span", "span_uniform"),
+    "optimizer.name": ("adamw", "lamb"),
     "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
     "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),
     "masking.mask_rate_schedule_mode": ("constant", "linear"),

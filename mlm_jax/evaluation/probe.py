@@ -175,7 +175,7 @@ class BlimpProbe:
     pll.check_mlm_head(model_cfg, "train.probe_tasks=blimp")
     self.paradigms = blimp.read(blimp.folder(catalogue.data_dir(need=blimp.FOLDER)), pairs)
     self.scorer = pll.Scorer(trainer.graphdef, tok, pll.ROW_LEN, rows=Probe.ROWS, path=path, mesh=trainer.mesh,
-                             max_len=pll.max_len(model_cfg))
+                             max_len=pll.max_len(model_cfg), shift=trainer.objective.prediction_shift)
 
   def __call__(self, params) -> dict:
     from mlm_jax.evaluation import zeroshot

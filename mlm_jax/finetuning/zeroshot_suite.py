@@ -43,7 +43,7 @@ def scorer_for(lm, whole_word: bool = False):
   graphdef, params = nnx.split(lm.model, nnx.Param)
   params = jax.device_put(params, sharding.replicated(mesh))
   return pll.Scorer(graphdef, lm.tokenizer, pll.ROW_LEN, rows=PLL_ROWS, whole_word=whole_word, mesh=mesh,
-                    max_len=pll.max_len(lm.model_config)), params
+                    max_len=pll.max_len(lm.model_config), shift=lm.shift), params
 
 
 def run_blimp(*, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str, log,
