@@ -2,6 +2,7 @@
 """Throughput benchmarks; the last line of output is one JSON object.
 
   python tools/benchmark.py train --model=mini --seq_len=128 --batch=32 --steps=20 --vocab=32000
+  python tools/benchmark.py train --config=configs/en_cpu_hour.py:gptbert --vocab=8000   # a config's step
   python tools/benchmark.py train --model=base --seq_len=512 --batch=32 --dtype=bfloat16 --dropout=0 \
       --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
   python tools/benchmark.py input [flags of tools/benchmark_input.py]
@@ -44,7 +45,20 @@ def _parse(argv) -> argparse.Namespace:
                  help="run N times, each in a fresh process; report every run, the medians and the spread")
   p.add_argument("--max_predictions", type=int, default=0,
                  help="prediction slots per sequence; 0 = masking.max_predictions' rule for the platform")
+  p.add_argument("--config", default="",
+                 help="FILE[:VARIANT]: that config's step (its model, objective, masking, optimizer, batch and "
+                      "seq_len; --model, --batch, --seq_len, --dropout and --mask_mode are not used), at --vocab")
   return p.parse_args(argv)
+
+
+def _from_file(spec: str):
+  """get_config(variant) of a config file (configs/NAME.py[:VARIANT])."""
+  import importlib.util
+  path, _, variant = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("benchmarked_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
 
 
 def _config(args, platform: str):
@@ -53,14 +67,23 @@ def _config(args, platform: str):
   from mlm_jax.model import attention
   from mlm_jax.training import resolve
   from mlm_jax.config.defaults import default_config
-  c = default_config()
-  c.model.update(SIZES[args.model])
-  c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
-                      attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len),
-                      attention_impl=args.attention_impl, scan_layers=args.scan_layers, remat=args.remat))
-  c.masking.update(dict(mode=args.mask_mode, mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3),
-                        max_predictions=args.max_predictions))
-  c.train.update(dict(steps=args.steps + args.warmup + 1, batch_size=args.batch))
+  if args.config:
+    c = _from_file(args.config)
+    c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype))
+    c.masking.update(dict(mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3), max_predictions=args.max_predictions))
+    c.train.update(dict(probe_every=0, eval_every=0))
+    args.batch, args.seq_len, args.dropout, args.mask_mode = (c.train.batch_size, c.data.seq_len,
+                                                              c.model.hidden_dropout, c.masking.mode)
+  else:
+    c = default_config()
+    c.model.update(SIZES[args.model])
+    c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
+                        attention_dropout=args.dropout, max_position_embeddings=max(512, args.seq_len),
+                        attention_impl=args.attention_impl, scan_layers=args.scan_layers, remat=args.remat))
+    c.masking.update(dict(mode=args.mask_mode, mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3),
+                          max_predictions=args.max_predictions))
+    c.train.batch_size = args.batch
+  c.train.steps = args.steps + args.warmup + 1
   c.mesh.update(dict(data=args.devices, fsdp=1, tensor=1))
   # One segment per row, no padding (the batches below), as concat packing makes them: what cudnn serves.
   c.data.update(dict(seq_len=args.seq_len, packing="concat"))
@@ -175,10 +198,10 @@ def train_main(argv):
   b, s, times, total = args.batch, args.seq_len, r["times"], r["total"]
   tokens_per_sec = b * s * args.steps / total
   slots = masking.max_predictions(c.masking, s)
-  fpt = flops.flops_per_token(c.model, s, slots)
+  fpt = run.objective.flops_per_token(c, s, slots)
   peak = args.peak_gflops * 1e9 if args.peak_gflops else flops.measure_matmul_peak()
   result = dict(
-      bench="mlm_jax_train", model=args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
+      bench="mlm_jax_train", model=args.config or args.model, objective=c.objective, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
       dropout=args.dropout, devices=args.devices, device=str(jax.devices()[0].platform),
       attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, scan_layers=args.scan_layers,
       remat=args.remat,
