@@ -3,6 +3,7 @@
 
   python tools/benchmark.py train --model=mini --seq_len=128 --batch=32 --steps=20 --vocab=32000
   python tools/benchmark.py train --config=configs/en_cpu_hour.py:gptbert --vocab=8000   # a config's step
+  python tools/benchmark.py compare --config=configs/en_cpu_hour.py --vocab=8000 :ltg    # tools/benchmark_compare.py
   python tools/benchmark.py train --model=base --seq_len=512 --batch=32 --dtype=bfloat16 --dropout=0 \
       --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
   python tools/benchmark.py input [flags of tools/benchmark_input.py]
@@ -61,14 +62,17 @@ def _from_file(spec: str):
   return module.get_config(variant) if variant else module.get_config()
 
 
-def _config(args, platform: str):
+def _config(args, platform: str, overrides: dict | None = None):
   """(the resolved run: checked and frozen config, objective; why its attention implementation), as the
-  binaries resolve."""
+  binaries resolve; `overrides`: {"section.field": value} set on a --config's config."""
   from mlm_jax.model import attention
   from mlm_jax.training import resolve
   from mlm_jax.config.defaults import default_config
   if args.config:
     c = _from_file(args.config)
+    for key, value in (overrides or {}).items():
+      section, field = key.split(".", 1)
+      c[section][field] = value
     c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype))
     c.masking.update(dict(mask_id=args.vocab - 1, special_ids=(0, 1, 2, 3), max_predictions=args.max_predictions))
     c.train.update(dict(probe_every=0, eval_every=0))
@@ -219,10 +223,13 @@ def train_main(argv):
 
 
 def main():
-  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input", "pll"):
-    sys.exit("usage: benchmark.py {train|input|pll} [flags]  (see --help of each)")
+  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "compare", "input", "pll"):
+    sys.exit("usage: benchmark.py {train|compare|input|pll} [flags]  (see --help of each)")
   if sys.argv[1] == "train":
     train_main(sys.argv[2:])
+  elif sys.argv[1] == "compare":
+    import benchmark_compare   # beside this file
+    benchmark_compare.main(sys.argv[2:])
   elif sys.argv[1] == "pll":
     import benchmark_pll   # beside this file
     benchmark_pll.main(sys.argv[2:])

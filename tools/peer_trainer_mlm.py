@@ -31,6 +31,8 @@ import gzip
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,6 +47,11 @@ SOURCES = (
                                            "botchan.txt.gz", "tinyshakespeare.txt.gz")),
     "tsv:1:" + os.path.join(_EN, "leipzig", "*.txt.gz"),
 )
+
+
+# files of a transformers folder that are not its tokenizer's
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+               "generation_config.json", "training_args.bin")
 
 
 def _open(path):
@@ -154,7 +161,7 @@ def main(argv=None):
       return {"input_ids": blocks[i]}
 
   training = TrainingArguments(
-      output_dir=os.path.join(args.out, "trainer"), max_steps=steps, per_device_train_batch_size=args.batch_size,
+      output_dir=tempfile.mkdtemp(prefix="peer_trainer_"), max_steps=steps, per_device_train_batch_size=args.batch_size,
       learning_rate=args.learning_rate, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
       logging_steps=max(1, steps // 20), save_strategy="no", report_to=[], seed=args.seed, use_cpu=True,
       bf16=args.bf16, dataloader_num_workers=0)
@@ -164,7 +171,9 @@ def main(argv=None):
   result = trainer.train()
   train_s = time.perf_counter() - t1
   trainer.save_model(args.out)
-  tok.save_pretrained(args.out)
+  for name in os.listdir(args.tokenizer):   # the tokenizer's own files (a sentencepiece .model our readers need)
+    if name not in MODEL_FILES and os.path.isfile(os.path.join(args.tokenizer, name)):
+      shutil.copy(os.path.join(args.tokenizer, name), os.path.join(args.out, name))
   tokens = steps * args.batch_size * args.seq_len
   summary = dict(out=args.out, steps=steps, tokens=tokens, flops=fpt * tokens, flops_per_token=fpt,
                  documents=n_docs, corpus_tokens=int(len(stream)), epochs=tokens / max(1, blocks.numel()),
