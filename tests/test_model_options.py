@@ -146,6 +146,10 @@ def test_ltg_switches_change_the_model_and_to_hf_refuses_them():
                                        ("attention.out_norm.scale", "attention.out_norm.bias",
                                         "mlp.hidden_norm.scale", "mlp.hidden_norm.bias")}
   assert np.abs(np.asarray(normed(ids, seg, pos)) - plain).max() > 1e-2
+  g = nnx.grad(_loss)(normed, ids, seg, pos)
+  for i in range(2):   # each norm is on the path: its scale gets a gradient
+    assert np.abs(np.asarray(g.layers[i].attention.out_norm.scale[...])).min() > 0
+    assert np.abs(np.asarray(g.layers[i].mlp.hidden_norm.scale[...])).min() > 0
 
   weighted = Encoder(_cfg(layer_weighting=True))
   assert flat(weighted) - flat(base) == {"layer_weights"}

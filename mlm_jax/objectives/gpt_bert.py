@@ -24,10 +24,14 @@ from mlm_jax.objectives.mlm import MLM
 CAUSAL_KEYS = ("clm_loss_sum", "clm_correct_sum", "clm_predictions", "clm_z_loss_sum")
 
 
+def micro_rows(config: ml_collections.ConfigDict) -> int:
+  """Rows of each microbatch (what one loss_sums call sees): batch_size / grad_accum_steps."""
+  return int(config.train.batch_size) // max(1, int(config.optimizer.grad_accum_steps))
+
+
 def causal_rows(config: ml_collections.ConfigDict) -> int:
-  """Causal rows in each microbatch: round(causal_share x batch_size / grad_accum_steps)."""
-  per_micro = int(config.train.batch_size) // max(1, int(config.optimizer.grad_accum_steps))
-  return int(round(float(config.gpt_bert.causal_share) * per_micro))
+  """Causal rows in each microbatch: round(causal_share x its rows)."""
+  return int(round(float(config.gpt_bert.causal_share) * micro_rows(config)))
 
 
 def next_token_sums(model, hidden, input_ids, segment_ids) -> dict:
@@ -48,7 +52,7 @@ def readable_slots(masked: dict) -> dict:
 
 
 def mntp_sums(model, hidden, batch) -> dict:
-  """MLM's sums with each masked slot read from the position before it (position 0 is never masked)."""
+  """MLM's sums with each masked slot read from the position before it (readable_slots: one is there)."""
   before = jnp.maximum(batch["masked_positions"] - 1, 0)
   y = model.mlm_transform(sparse_loss.gather_slots(hidden, before))
   return sparse_loss.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...], batch["masked_labels"],
@@ -71,7 +75,7 @@ class GptBert(MLM):
     share = float(config.gpt_bert.causal_share)
     if not 0.0 <= share < 1.0:
       raise ConfigError(f"gpt_bert.causal_share={share}: expected a fraction in [0, 1) of each batch's rows")
-    micro = int(config.train.batch_size) // max(1, int(config.optimizer.grad_accum_steps))
+    micro = micro_rows(config)
     if share > 0 and not 0 < causal_rows(config) < micro:
       raise ConfigError(f"gpt_bert.causal_share={share} of {micro} rows a microbatch gives {causal_rows(config)} "
                         f"causal rows: expected at least 1 and fewer than {micro} (raise train.batch_size)")
@@ -82,15 +86,14 @@ class GptBert(MLM):
   @classmethod
   def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
     """The encoder on every token, the head on the masked rows' slots and on every position of the causal rows."""
-    c = causal_rows(config) / (int(config.train.batch_size) // max(1, int(config.optimizer.grad_accum_steps)))
+    c = causal_rows(config) / micro_rows(config)
     return flops.flops_per_token(config.model, seq_len, (1 - c) * num_slots + c * (seq_len - 1))
 
   # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self.accum = max(1, int(config.optimizer.grad_accum_steps))
-    self.micro_rows = int(config.train.batch_size) // self.accum
-    self.causal_rows = causal_rows(config)
+    self.micro_rows, self.causal_rows = micro_rows(config), causal_rows(config)
 
   def prepare(self, batch, key, step=None):
     """MLM's masking (at the scheduled rate for `step`), then the last `causal_rows` rows of each microbatch
