@@ -7,8 +7,11 @@ Each positional argument is a variant of --config: `:NAME` adds a config variant
 `section.field=VALUE[,section.field=VALUE]` sets fields. Every step is compiled first; then, `--rounds`
 times, each step runs `--steps` steps on the same random rows (benchmark.py's), the order reversed every
 other round, so a machine whose speed drifts slows every variant alike. Prints, per variant, the median
-tokens/s over the rounds and the median of its per-round ratio to the base's tokens/s; the last line is
-one JSON object.
+tokens/s over the rounds and the median of its per-round ratio to the base's tokens/s, XLA's count of the
+compiled step's FLOPs and bytes accessed against the base's (what the load of the machine cannot move), and the tokens/s
+of its fastest step and that ratio to the base's fastest (on a machine other jobs share, other work
+only ever adds time to a step: the fastest steps are the closest to the step's own cost); the last line
+is one JSON object.
 """
 from __future__ import annotations
 
@@ -65,11 +68,15 @@ def _trainer(args, spec: str):
   tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), run.objective(c))
   batches = [jax.device_put(b, tr.batch_sharding) for b in benchmark._batches(one)]
   state, key = tr.init(), jax.random.key(0)
-  step = tr.train_step.compile(state, batches[0], key)
+  compiled = tr.train_step.lower(state, batches[0], key).compile()
+  step = lambda *a: compiled(*a, tr.train_step.values)
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # XLA's own count of the compiled step
   for i in range(args.warmup):
     state, _ = step(state, batches[i % 4], key)
   fpt = run.objective.flops_per_token(c, one.seq_len, masking.max_predictions(c.masking, one.seq_len))
-  return dict(step=step, state=state, batches=batches, key=key, tokens=one.batch * one.seq_len, flops=fpt)
+  return dict(step=step, state=state, batches=batches, key=key, tokens=one.batch * one.seq_len, flops=fpt,
+              xla_flops=float(cost.get("flops", 0.0)), xla_bytes=float(cost.get("bytes accessed", 0.0)))
 
 
 def main(argv) -> None:
@@ -80,23 +87,32 @@ def main(argv) -> None:
   t0 = time.perf_counter()
   runs = {name: _trainer(args, "" if name == "base" else name) for name in names}
   compile_s = time.perf_counter() - t0
-  rates = {name: [] for name in names}
+  rates, fastest = {name: [] for name in names}, {name: float("inf") for name in names}
   for r in range(args.rounds):
     for name in (names if r % 2 == 0 else names[::-1]):
       x = runs[name]
       jax.block_until_ready(x["state"])
-      t = time.perf_counter()
+      t = t_block = time.perf_counter()
       for i in range(args.steps):
         x["state"], m = x["step"](x["state"], x["batches"][i % 4], x["key"])
-      jax.block_until_ready((x["state"].params, m))
-      rates[name].append(x["tokens"] * args.steps / (time.perf_counter() - t))
+        jax.block_until_ready((x["state"].params, m))
+        now = time.perf_counter()
+        fastest[name], t = min(fastest[name], now - t), now
+      rates[name].append(x["tokens"] * args.steps / (time.perf_counter() - t_block))
   out = {}
   for name in names:
     ratios = [a / b for a, b in zip(rates[name], rates["base"])]
+    best = runs[name]["tokens"] / fastest[name]
     out[name] = dict(tokens_per_sec=statistics.median(rates[name]), ratio_to_base=statistics.median(ratios),
-                     ratio_min=min(ratios), ratio_max=max(ratios), flops_per_token=runs[name]["flops"],
-                     flops_ratio_to_base=runs[name]["flops"] / runs["base"]["flops"])
-    print(f"{name:50s} {out[name]['tokens_per_sec']:9.0f} tok/s  x{out[name]['ratio_to_base']:.3f} of the base "
-          f"({out[name]['ratio_min']:.3f}-{out[name]['ratio_max']:.3f})  FLOPs/token x{out[name]['flops_ratio_to_base']:.3f}")
+                     ratio_min=min(ratios), ratio_max=max(ratios), fastest_step_tokens_per_sec=best,
+                     fastest_ratio_to_base=fastest["base"] / fastest[name], flops_per_token=runs[name]["flops"],
+                     flops_ratio_to_base=runs[name]["flops"] / runs["base"]["flops"],
+                     xla_flops_ratio_to_base=runs[name]["xla_flops"] / max(runs["base"]["xla_flops"], 1.0),
+                     xla_bytes_ratio_to_base=runs[name]["xla_bytes"] / max(runs["base"]["xla_bytes"], 1.0))
+    o = out[name]
+    print(f"{name:45s} {o['tokens_per_sec']:7.0f} tok/s x{o['ratio_to_base']:.3f} ({o['ratio_min']:.2f}-"
+          f"{o['ratio_max']:.2f});  fastest step {best:7.0f} tok/s x{o['fastest_ratio_to_base']:.3f};  FLOPs/token "
+          f"x{o['flops_ratio_to_base']:.3f};  XLA's FLOPs x{o['xla_flops_ratio_to_base']:.3f}, bytes "
+          f"x{o['xla_bytes_ratio_to_base']:.3f}")
   print(json.dumps(dict(bench="mlm_jax_compare", config=args.config, vocab=args.vocab, rounds=args.rounds,
                         steps=args.steps, compile_s=compile_s, variants=out)))
