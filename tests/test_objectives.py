@@ -64,7 +64,8 @@ def test_z_loss_term_and_its_gradient_match_autodiff_of_the_plain_formula():
     z = jax.nn.logsumexp(logits, axis=-1)
     return (_reference(y, emb, bias, labels, weights)[0] + 1e-2 * (z ** 2 * weights).sum())
 
-  for a, b in zip(jax.grad(ours, argnums=(0, 1, 2))(y, emb, bias), jax.grad(plain, argnums=(0, 1, 2))(y, emb, bias)):
+  grads = [jax.jit(jax.grad(f, argnums=(0, 1, 2)))(y, emb, bias) for f in (ours, plain)]
+  for a, b in zip(*grads):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -82,12 +83,16 @@ def test_z_loss_adds_exactly_its_weight_times_log_z_squared_to_the_mlm_loss():
   rng = np.random.default_rng(0)
   batch = dict(input_ids=jnp.asarray(rng.integers(4, 49, (3, 16)), jnp.int32), segment_ids=jnp.ones((3, 16), jnp.int32),
                positions=jnp.tile(jnp.arange(16), (3, 1)))
+  from flax import nnx
+  graphdef, params = nnx.split(model, nnx.Param)
   off = MLM(c)
-  batch = off.prepare(batch, jax.random.key(0))
-  loss0, sums0 = off.loss_sums(model, batch, None)
+  batch = jax.jit(off.prepare)(batch, jax.random.key(0))
+  loss_of = lambda objective: jax.jit(lambda p, b: objective.loss_sums(nnx.merge(graphdef, p), b, None))(params, batch)
+  loss0, sums0 = loss_of(off)
   c.loss.z_loss = 1e-4
-  loss1, sums1 = MLM(c).loss_sums(model, batch, None)
-  logits = model.mlm_logits(model(batch["input_ids"], batch["segment_ids"], batch["positions"]))
+  loss1, sums1 = loss_of(MLM(c))
+  logits = jax.jit(lambda p, b: nnx.merge(graphdef, p).mlm_logits(nnx.merge(graphdef, p)(
+      b["input_ids"], b["segment_ids"], b["positions"])))(params, batch)
   picked = jnp.take_along_axis(logits, batch["masked_positions"][..., None], axis=1)
   direct = float((jax.nn.logsumexp(picked, axis=-1) ** 2 * batch["masked_weights"]).sum())
   assert float(sums0["num_predictions"]) > 0 and float(loss0) == float(sums0["loss_sum"])

@@ -3,7 +3,7 @@
   python tools/benchmark.py compare --config=configs/en_cpu_hour.py --vocab=8000 \
       :gptbert :lamb :zloss :ltg model.extra_norms=True model.mlp=geglu,model.intermediate_size=512
 
-Each positional argument is a variant of --config: `:NAME` adds a config variant (configs/x.py:NAME), and
+Each positional argument is a variant of --config: `:NAME` adds a config variant (FILE:NAME), and
 `section.field=VALUE[,section.field=VALUE]` sets fields. Every step is compiled first; then, `--rounds`
 times, each step runs `--steps` steps on the same random rows (benchmark.py's), the order reversed every
 other round, so a machine whose speed drifts slows every variant alike. Prints, per variant, the median
