@@ -16,6 +16,8 @@ from mlm_jax.model.encoder import Encoder
 from mlm_jax.objectives.gpt_bert import GptBert
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
 
+from test_objective_plugin import RandomRows   # the loop's input, stateless
+
 BOS, EOS, MASK, VOCAB, S = 1, 2, 49, 50, 16
 
 
@@ -100,17 +102,11 @@ def test_causal_rows_are_the_last_of_each_microbatch_and_the_share_is_checked():
     GptBert.check(c)
 
 
-class Rows:
+class Rows(RandomRows):
   """_rows as the loop's input: one fixed batch (masked anew each step), so the loss falls in a few steps."""
 
   def batch(self, step: int) -> dict:
     return _rows(8)
-
-  def get_state(self) -> dict:
-    return {}
-
-  def set_state(self, state: dict) -> None:
-    pass
 
 
 def _run(config, workdir) -> list:
