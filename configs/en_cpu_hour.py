@@ -25,10 +25,21 @@ the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
 the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf16` computes in bfloat16; they
 combine: `:short,mask30`.
+
+The small-data levers of issue 45, each a variant (they combine with commas; not yet measured on BLiMP):
+`:gptbert` GPT-BERT's objective (Charpentier & Samuel, 2024; docs/objectives.md#gpt-bert-masked-next-token-prediction-with-a-causal-share):
+masked next-token prediction with 1/16 of the rows causal, its span masking (spans of 1-3 tokens) and
+the mask rate falling linearly from 30% to 15%; `:lamb` LAMB at lr 1e-2 (GPT-BERT's optimizer; weight
+decay 0.1, clip 2, eps 1e-8); `:zloss` PaLM's z-loss at 1e-4; `:ltg` LTG-BERT's layer (pre-LN, extra
+LayerNorms in attention and FFN, GEGLU at equal parameters: FFN 512) with ELC-BERT's layer weighting
+(`:ltg` models do not export to transformers). `:gptbert,lamb,zloss` is GPT-BERT's recipe here. Every
+variant keeps the compute of the 15% run: its steps are the budget over its model FLOPs per token.
+Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
 
 from mlm_jax.config.defaults import default_config
+from mlm_jax.objectives import masking, registry
 
 _DATA = os.environ.get("MLM_JAX_DATA", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                                     "shared", "data"))
@@ -42,9 +53,17 @@ SOURCES = (
 )
 STEPS = 6000
 # Model FLOPs per token of a train step (mlm_jax/model/flops.py) at 15% and 30% masking: the 30% run
-# predicts twice the slots, so it gets fewer steps for the same compute.
+# predicts twice the slots, so it gets fewer steps for the same compute (every variant: STEPS x FLOPS_15).
 FLOPS_15, FLOPS_30 = 13_271_040, 14_671_872
-VARIANTS = ("mask30", "short", "bf16")
+VARIANTS = ("mask30", "short", "bf16", "gptbert", "lamb", "zloss", "ltg")
+
+
+def flops_per_token(c) -> float:
+  """The objective's model FLOPs per token of a train step of `c` at the vocabulary the tokenizer will have."""
+  probe = c.copy_and_resolve_references()
+  probe.model.vocab_size = probe.tokenizer.vocab_size
+  slots = masking.max_predictions(probe.masking, probe.data.seq_len, "cpu")
+  return registry.load(probe.objective).flops_per_token(probe, probe.data.seq_len, slots)
 
 
 def get_config(variant=""):
@@ -66,11 +85,23 @@ def get_config(variant=""):
   if "bf16" in parts:   # bfloat16 matmuls at the CPU's AVX512-BF16 rate, float32 weights (model.matmul)
     c.model.dtype = "bfloat16"
   c.masking.mask_rate = 0.30 if "mask30" in parts else 0.15
+  if "gptbert" in parts:
+    c.objective = "gpt_bert"
+    c.gpt_bert.causal_share = 1 / 16      # 2 of the 32 rows
+    c.masking.update(mode="span_uniform", span_max=3, mask_rate=0.15, mask_rate_schedule=("0:0.3", "1:0.15"),
+                     mask_rate_schedule_mode="linear")   # the end step is set below
+  if "ltg" in parts:
+    c.model.update(dict(norm="pre", extra_norms=True, layer_weighting=True, mlp="geglu", intermediate_size=512))
   steps = STEPS // 4 if "short" in parts else STEPS
-  if "mask30" in parts:
-    steps = round(steps * FLOPS_15 / FLOPS_30)
+  steps = round(steps * FLOPS_15 / flops_per_token(c))
+  if "gptbert" in parts:
+    c.masking.mask_rate_schedule = ("0:0.3", f"{steps}:0.15")
   c.optimizer.update(dict(learning_rate=1e-3, warmup_steps=steps // 20, schedule="linear", b2=0.98, eps=1e-6,
                           weight_decay=0.01))
+  if "lamb" in parts:
+    c.optimizer.update(dict(name="lamb", learning_rate=1e-2, weight_decay=0.1, eps=1e-8, clip_norm=2.0))
+  if "zloss" in parts:
+    c.loss.z_loss = 1e-4
   c.train.update(dict(steps=steps, batch_size=32, log_every=100, eval_every=500, eval_batches=8,
                       eval_at_start=False, save_every=500, keep_checkpoints=2,
                       # the curve of BLiMP (10 pairs a paradigm) along the run

@@ -62,9 +62,9 @@ def test_mlm_metrics_and_pll(workdir, capsys):
   assert json.loads(out2.strip().splitlines()[-1]) == r
 
 
-def _direct_pll(lm, seq, units) -> float:
+def _direct_pll(lm, seq, units, shift=0) -> float:
   """PLL of one sentence by one forward pass per unit: (positions masked, positions scored), or a list of
-  positions both masked and scored."""
+  positions both masked and scored; each scored token read from the position `shift` before it."""
   import jax
   import jax.numpy as jnp
   total = 0.0
@@ -76,7 +76,7 @@ def _direct_pll(lm, seq, units) -> float:
     ids = jnp.asarray([x], jnp.int32)
     hidden = lm.model(ids, jnp.ones_like(ids), jnp.arange(len(x))[None])
     logp = jax.nn.log_softmax(lm.model.mlm_logits(hidden[0]))
-    total += sum(float(logp[i, seq[i]]) for i in scored)
+    total += sum(float(logp[i - shift, seq[i]]) for i in scored)
   return total
 
 
@@ -144,6 +144,50 @@ def _units(variant: str, words: list) -> list:
   if variant == "whole_word":
     return [(w, w) for w in words]
   return [(w[k:], [w[k]]) for w in words for k in range(len(w))]   # word_l2r: the piece and its word's rest
+
+
+def test_a_gpt_bert_run_is_scored_and_exported_with_its_shift(pll_case, workdir, tmp_path):
+  """objective=gpt_bert (the fixture's model under that objective): PLL reads a masked token at t from t - 1, as
+  the objective says (the direct computation; not MLM's reading); to_hf writes prediction_shift=1, which our
+  reader of the folder follows, and transformers' causal LM of the folder (is_decoder=True) gives our causal
+  rows' logits: one set of weights, both uses."""
+  import shutil
+
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  from mlm_jax.convert import folders
+  from mlm_jax.evaluation import fill_mask, pll
+  _, rows = pll_case
+  run = tmp_path / "gpt_bert"
+  shutil.copytree(workdir, run)
+  config = json.loads((run / "config.json").read_text())
+  (run / "config.json").write_text(json.dumps(dict(config, objective="gpt_bert")))
+  lm = fill_mask.from_workdir(str(run))
+  graphdef, params = nnx.split(lm.model, nnx.Param)
+  got = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, shift=lm.shift)(params, rows[:2])
+  assert lm.shift == 1
+  tokens = [[i] for i in range(1, len(rows[1]) - 1)]
+  assert got[1] == pytest.approx(_direct_pll(lm, rows[1], tokens, shift=1), abs=1e-4)
+  assert abs(got[1] - _direct_pll(lm, rows[1], tokens)) > 1e-3
+
+  pytest.importorskip("transformers")
+  import torch
+  import transformers
+  folders.to_hf(str(run), str(tmp_path / "hf"))
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())[folders.SHIFT_KEY] == 1
+  from_folder = fill_mask.from_hf_dir(str(tmp_path / "hf"))
+  assert from_folder.shift == 1
+  g2, p2 = nnx.split(from_folder.model, nnx.Param)
+  np.testing.assert_allclose(pll.Scorer(g2, from_folder.tokenizer, 32, rows=4, shift=from_folder.shift)(p2, rows[:2]),
+                             got, atol=1e-4)
+  causal_lm = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), is_decoder=True).eval()
+  seq = rows[3]
+  ids = jnp.asarray([seq], jnp.int32)
+  ours = lm.model.mlm_logits(lm.model(ids, jnp.ones_like(ids), jnp.arange(len(seq))[None], causal=jnp.ones(1, bool)))
+  with torch.no_grad():
+    theirs = causal_lm(input_ids=torch.tensor([seq])).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
 
 
 @pytest.mark.parametrize("variant", ["token", "whole_word", "word_l2r"])

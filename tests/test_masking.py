@@ -48,7 +48,7 @@ def _candidates(batch):
   return (batch["segment_ids"] > 0) & ~np.isin(ids, textdata.SPECIALS + (textdata.MASK,))
 
 
-@pytest.mark.parametrize("mode", ["token", "whole_word", "span"])
+@pytest.mark.parametrize("mode", ["token", "whole_word", "span", "span_uniform"])
 def test_rate_specials_and_labels(real_batch, mode):
   out = _run(real_batch, _cfg(mode))
   sel = _selected(real_batch, out)
@@ -118,6 +118,40 @@ def test_span_lengths_follow_clipped_geometric(shared_data):
   np.testing.assert_allclose(hist, expected, atol=0.03)
   mean_expected = (np.arange(1, cfg.span_max + 1) * expected).sum()
   assert abs(runs.mean() - mean_expected) / mean_expected < 0.10, (runs.mean(), mean_expected)
+
+
+def test_span_uniform_masks_whole_spans_of_one_to_three_and_decides_80_10_10_per_span(real_batch):
+  """GPT-BERT's masking: each row is cut into spans of 1..span_max tokens (a special token ends one); the
+  selection is whole spans but the one that reaches the budget (a prefix of it), and a span's tokens are all
+  masked, all replaced or all kept, 80/10/10 over spans."""
+  cfg = _cfg("span_uniform", span_max=3, mask_rate=0.3)
+  n = 128
+  rows = {k: v[:n] for k, v in real_batch.items()}
+  out = _run(rows, cfg)
+  sel, cand = _selected(rows, out), _candidates(rows)
+  slots = masking.max_predictions(cfg, 128)
+  # each row's spans, from the key mask_batch gives its selection (_run's key at step 0, folded with the row)
+  k_sel = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(jax.random.fold_in(jax.random.key(0), 0), i), 3)[0])
+  spans = np.asarray(jax.jit(jax.vmap(lambda k, c: masking._select_uniform_spans(k, c, 0.3, slots, 3)[1]))(
+      k_sel(np.arange(n)), cand))
+  kinds, cut = [], 0
+  for i in range(n):
+    span = spans[i]
+    lengths = np.bincount(span[cand[i]])
+    assert lengths.max() <= 3
+    new, orig = out["input_ids"][i], rows["input_ids"][i]
+    for s in np.unique(span[sel[i]]):
+      members = (span == s) & cand[i]
+      if not sel[i][members].all():   # the span cut at the budget: a prefix of it
+        cut += 1
+        assert np.flatnonzero(members)[:sel[i][members].sum()].tolist() == np.flatnonzero(sel[i] & members).tolist()
+      chosen = sel[i] & members
+      kind = np.where(new[chosen] == textdata.MASK, 0, np.where(new[chosen] == orig[chosen], 2, 1))
+      assert (kind == kind[0]).all() or (kind[0] != 0 and (kind != 0).all()), (i, s, kind)   # a random draw may equal
+      kinds.append(kind[0])
+  assert 0 < cut <= n and len(kinds) > 2000
+  share = np.bincount(kinds, minlength=3) / len(kinds)
+  assert abs(share[0] - 0.8) < 0.03 and abs(share[1] - 0.1) < 0.03 and abs(share[2] - 0.1) < 0.03, share
 
 
 def test_deterministic_per_key_and_step(real_batch):

@@ -155,3 +155,46 @@ def test_dropout_bits_do_not_repeat_past_two_to_the_32_elements():
   assert not np.asarray(high).any() and np.array_equal(np.asarray(low).ravel(), np.arange(105))
   whole = np.asarray(dropout_bits(jax.random.key(0), small))
   assert np.array_equal(whole, np.asarray(bits_at(high, low, seeds)))
+
+
+def test_ltg_switches_change_the_model_and_to_hf_refuses_them():
+  """model.extra_norms adds a LayerNorm on each attention output and FFN activation (other outputs);
+  model.layer_weighting adds ELC-BERT's weights, starts as the plain stack (same outputs), gets a gradient and
+  changes the outputs once they move; to_hf refuses either in one line, layer weighting refuses scanned layers;
+  an older config.json (without the fields) builds the plain model."""
+  from mlm_jax.convert import bert
+  from mlm_jax.errors import ConversionError
+  from mlm_jax.workdir.files import migrate_model
+  ids, seg, pos = _inputs()
+  flat = lambda m: {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, nnx.Param))}
+  base = Encoder(_cfg())
+  plain = np.asarray(base(ids, seg, pos))
+
+  normed = Encoder(_cfg(extra_norms=True))
+  assert flat(normed) - flat(base) == {f"layers.{i}.{n}" for i in range(2) for n in
+                                       ("attention.out_norm.scale", "attention.out_norm.bias",
+                                        "mlp.hidden_norm.scale", "mlp.hidden_norm.bias")}
+  assert np.abs(np.asarray(normed(ids, seg, pos)) - plain).max() > 1e-2
+  g = nnx.grad(_loss)(normed, ids, seg, pos)
+  for i in range(2):   # each norm is on the path: its scale gets a gradient
+    assert np.abs(np.asarray(g.layers[i].attention.out_norm.scale[...])).min() > 0
+    assert np.abs(np.asarray(g.layers[i].mlp.hidden_norm.scale[...])).min() > 0
+
+  weighted = Encoder(_cfg(layer_weighting=True))
+  assert flat(weighted) - flat(base) == {"layer_weights"}
+  np.testing.assert_allclose(np.asarray(weighted(ids, seg, pos)), plain, atol=1e-6)
+  grads = nnx.grad(_loss)(weighted, ids, seg, pos)
+  g = np.asarray(grads.layer_weights[...])
+  assert np.abs(g[0, :2]).min() > 0 and np.abs(g[1, :3]).min() > 0
+  weighted.layer_weights[...] = weighted.layer_weights[...] + 0.3
+  assert np.abs(np.asarray(weighted(ids, seg, pos)) - plain).max() > 1e-2
+
+  for field in ("extra_norms", "layer_weighting"):
+    for arch in ("xlm-roberta", "modernbert"):
+      with pytest.raises(ConversionError, match=rf"^model.{field}=True \(an LTG-BERT / ELC-BERT switch\) has no "
+                                                r"equivalent in transformers: this model cannot be exported"):
+        bert.hf_config(_cfg(**{field: True}), arch, pad_token_id=1)
+  with pytest.raises(ValueError, match="layer_weighting=True needs model.scan_layers=False"):
+    Encoder(_cfg(layer_weighting=True, scan_layers=True))
+  old = ml_collections.ConfigDict({k: v for k, v in _cfg().to_dict().items() if k not in ("extra_norms", "layer_weighting")})
+  assert flat(Encoder(migrate_model(old))) == flat(base)

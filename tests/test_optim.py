@@ -79,3 +79,50 @@ def test_adam_without_bias_correction_takes_the_raw_moments():
   u2, _ = raw.update(grads, state, params)   # the second step: moments decay from the first
   m, v = 0.1 * 1.9 * grads["w"], 0.001 * 1.999 * grads["w"] ** 2
   np.testing.assert_allclose(u2["w"], -m / (np.sqrt(v) + 1e-6), rtol=1e-4)
+
+
+def test_lamb_is_adam_with_the_trust_ratio_on_weight_matrices():
+  """optimizer.name='lamb': two steps equal a direct computation of LAMB as BERT's and GPT-BERT's code run it
+  (Adam with bias correction, + decay, times ||w|| / ||update|| for weight matrices; biases and norms take
+  the plain Adam step); on weights alone it is optax.lamb; a stacked (scanned) tensor takes each layer's ratio."""
+  import optax
+  rng = np.random.default_rng(1)
+  params = {"wi_kernel": jnp.asarray(rng.normal(size=(4, 3))), "wi_bias": jnp.asarray(rng.normal(size=(3,))),
+            "head_norm": {"scale": jnp.ones((3,))}}
+  grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape)), params) for _ in range(2)]
+  lr, wd, b1, b2, eps = 0.01, 0.1, 0.9, 0.98, 1e-6
+  o = _opt(name="lamb", learning_rate=lr, warmup_steps=0, schedule="constant", weight_decay=wd, clip_norm=0.0,
+           b1=b1, b2=b2, eps=eps)
+  tx = optim.make_optimizer(o, 10)
+  state, p = tx.init(params), params
+  flat = lambda t: {"wi_kernel": t["wi_kernel"], "wi_bias": t["wi_bias"], "scale": t["head_norm"]["scale"]}
+  direct = {k: np.asarray(x, np.float64) for k, x in flat(params).items()}
+  m, v = {k: 0.0 for k in direct}, {k: 0.0 for k in direct}
+  for t, g in enumerate(grads, start=1):
+    updates, state = tx.update(g, state, p)
+    p = optax.apply_updates(p, updates)
+    for k, w in direct.items():
+      gk = np.asarray(flat(g)[k], np.float64)
+      m[k] = b1 * m[k] + (1 - b1) * gk
+      v[k] = b2 * v[k] + (1 - b2) * gk ** 2
+      u = (m[k] / (1 - b1 ** t)) / (np.sqrt(v[k] / (1 - b2 ** t)) + eps)
+      if k == "wi_kernel":   # decayed and trust-scaled; the bias and the norm scale take Adam's step
+        u = u + wd * w
+        u = u * np.linalg.norm(w) / np.linalg.norm(u)
+      direct[k] = w - lr * u
+  for k, ours in flat(p).items():
+    np.testing.assert_allclose(ours, direct[k], rtol=1e-5, err_msg=k)
+
+  weights = {"wi_kernel": params["wi_kernel"]}
+  ref = optax.lamb(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd)
+  ours_u, _ = tx.update({"wi_kernel": grads[0]["wi_kernel"]}, tx.init(weights), weights)
+  ref_u, _ = ref.update({"wi_kernel": grads[0]["wi_kernel"]}, ref.init(weights), weights)
+  np.testing.assert_allclose(ours_u["wi_kernel"], ref_u["wi_kernel"], rtol=1e-6)
+
+  stacked = {"layer_groups": {"wi_kernel": jnp.stack([params["wi_kernel"], 3.0 * params["wi_kernel"]])}}
+  g_stacked = {"layer_groups": {"wi_kernel": jnp.stack([grads[0]["wi_kernel"], grads[0]["wi_kernel"]])}}
+  u_stacked, _ = tx.update(g_stacked, tx.init(stacked), stacked)
+  for i, scale in enumerate((1.0, 3.0)):   # each layer as if it were its own tensor
+    one = {"wi_kernel": scale * params["wi_kernel"]}
+    u_one, _ = tx.update({"wi_kernel": grads[0]["wi_kernel"]}, tx.init(one), one)
+    np.testing.assert_allclose(u_stacked["layer_groups"]["wi_kernel"][i], u_one["wi_kernel"], rtol=1e-6)

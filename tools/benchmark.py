@@ -2,6 +2,8 @@
 """Throughput benchmarks; the last line of output is one JSON object.
 
   python tools/benchmark.py train --model=mini --seq_len=128 --batch=32 --steps=20 --vocab=32000
+  python tools/benchmark.py train --config=configs/en_cpu_hour.py:gptbert --vocab=8000   # a config's step
+  python tools/benchmark.py compare --config=configs/en_cpu_hour.py --vocab=8000 :ltg    # tools/benchmark_compare.py
   python tools/benchmark.py train --model=base --seq_len=512 --batch=32 --dtype=bfloat16 --dropout=0 \
       --attention_impl=cudnn     # GPU; xla for the comparison (--attention_impl=splash on TPU)
   python tools/benchmark.py train --config=configs/en_cpu_hour.py   # a config file's model, batch and length
@@ -28,7 +30,8 @@ def _parse(argv) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="benchmark.py train")
   p.add_argument("--model", choices=sorted(SIZES), default="mini")
   p.add_argument("--config", default="",
-                 help="a config file (configs/NAME.py[:variant]): its model, masking, data.seq_len and train.batch_size "
+                 help="a config file (configs/NAME.py[:variant]): its model, objective, masking, optimizer, data.seq_len "
+                      "and train.batch_size "
                       "instead of --model's size; --seq_len, --batch, --vocab, --dropout and --dtype given "
                       "explicitly still override them")
   p.add_argument("--seq_len", type=int, default=None, help="default 128")
@@ -51,8 +54,16 @@ def _parse(argv) -> argparse.Namespace:
                  help="run N times, each in a fresh process; report every run, the medians and the spread")
   p.add_argument("--max_predictions", type=int, default=0,
                  help="prediction slots per sequence; 0 = masking.max_predictions' rule for the platform")
-  args = p.parse_args(argv)
+  return with_config(p.parse_args(argv))
+
+
+def with_config(args, overrides: dict | None = None) -> argparse.Namespace:
+  """`args` with --config's ConfigDict (`overrides`, {"section.field": value}, set on it) as `file_config`,
+  and the sizes it supplies where no flag gave them."""
   args.file_config = _load_config(args.config) if args.config else None
+  for key, value in (overrides or {}).items():
+    section, field = key.split(".", 1)
+    args.file_config[section][field] = value
   for k, default in _SIZE_DEFAULTS.items():   # None: not given; the config's value, else the default
     if getattr(args, k) is None:
       setattr(args, k, default if args.file_config is None else _CONFIG_VALUES[k](args.file_config))
@@ -84,10 +95,13 @@ def _config(args, platform: str):
   from mlm_jax.model import attention
   from mlm_jax.training import resolve
   from mlm_jax.config.defaults import default_config
-  if args.file_config is not None:   # the file's model and masking, with the flags' sizes
+  if args.file_config is not None:   # the file's model, objective, masking and optimizer, with the flags' sizes
     c = args.file_config
     c.model.update(dict(vocab_size=args.vocab, dtype=args.dtype, hidden_dropout=args.dropout,
                         attention_dropout=args.dropout))
+    c.train.update(dict(probe_every=0, eval_every=0))
+    if args.max_predictions:
+      c.masking.max_predictions = args.max_predictions
   else:
     c = default_config()
     c.model.update(SIZES[args.model])
@@ -213,12 +227,12 @@ def train_main(argv):
   b, s, times, total = args.batch, args.seq_len, r["times"], r["total"]
   tokens_per_sec = b * s * args.steps / total
   slots = masking.max_predictions(c.masking, s)
-  fpt = flops.flops_per_token(c.model, s, slots)
+  fpt = run.objective.flops_per_token(c, s, slots)
   peak = args.peak_gflops * 1e9 if args.peak_gflops else flops.measure_matmul_peak()
   # below float32 also the rate of the compute dtype's matmul (bfloat16 operands, float32 results)
   dtype_peak = peak if c.model.dtype == "float32" else flops.measure_matmul_peak(dtype=c.model.dtype)
   result = dict(
-      bench="mlm_jax_train", model=args.config or args.model, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
+      bench="mlm_jax_train", model=args.config or args.model, objective=c.objective, seq_len=s, batch=b, vocab=args.vocab, dtype=args.dtype,
       dropout=args.dropout, devices=args.devices, device=str(jax.devices()[0].platform),
       attention_impl=c.model.attention_impl, attention_impl_reason=impl_reason, matmul=c.model.matmul,
       scan_layers=c.model.scan_layers,
@@ -238,10 +252,13 @@ def train_main(argv):
 
 
 def main():
-  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "input", "pll"):
-    sys.exit("usage: benchmark.py {train|input|pll} [flags]  (see --help of each)")
+  if len(sys.argv) < 2 or sys.argv[1] not in ("train", "compare", "input", "pll"):
+    sys.exit("usage: benchmark.py {train|compare|input|pll} [flags]  (see --help of each)")
   if sys.argv[1] == "train":
     train_main(sys.argv[2:])
+  elif sys.argv[1] == "compare":
+    import benchmark_compare   # beside this file
+    benchmark_compare.main(sys.argv[2:])
   elif sys.argv[1] == "pll":
     import benchmark_pll   # beside this file
     benchmark_pll.main(sys.argv[2:])

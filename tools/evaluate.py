@@ -116,7 +116,7 @@ def pseudo_log_likelihood(lm, rows: list, seq_len: int, batch_size: int, variant
   from flax import nnx
   from mlm_jax.evaluation import pll
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, variant=variant)
+  scorer = pll.Scorer(graphdef, lm.tokenizer, seq_len, rows=batch_size, variant=variant, shift=lm.shift)
   per_row = scorer(params, rows)
   total, count = float(per_row.sum()), sum(len(r) - 2 for r in rows)
   per = total / max(count, 1)

@@ -16,7 +16,8 @@ CHOICES = {
     "model.remat": ("none", "full", "dots"),
     "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
     "model.matmul": ("auto", "xla", "f32_out"),
-    "masking.mode": ("token", "whole_word", "span"),
+    "masking.mode": ("token", "whole_word", "span", "span_uniform"),
+    "optimizer.name": ("adamw", "lamb"),
     "optimizer.schedule": ("linear", "cosine", "constant", "wsd"),
     "optimizer.decay_shape": ("linear", "cosine", "1-sqrt"),
     "masking.mask_rate_schedule_mode": ("constant", "linear"),

@@ -101,6 +101,9 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.norm_bias = True             # LayerNorm biases (every norm of the model)
   m.head_bias = True             # the MLM head's dense bias (the decoder bias is always there)
   m.first_layer_attention_norm = True   # pre-LN: False = layer 0 attends to its input unnormalized
+  # LTG-BERT / ELC-BERT switches (docs/model.md; to_hf refuses them: transformers has no such layers).
+  m.extra_norms = False          # LayerNorms on the heads' output (before o) and on the FFN's hidden activation
+  m.layer_weighting = False      # ELC-BERT: each layer reads a learned weighted sum of all earlier outputs
   # A binary sentence head (NSP / SOP) on the pooler: set by config.objective='mlm+nsp' | 'mlm+sop'.
   m.sentence_head = False
   m.mlm_head = True              # False: no MLM head parameters (ELECTRA's discriminator, fine-tuned from it)
@@ -125,7 +128,9 @@ def model_defaults() -> ml_collections.ConfigDict:
 def masking_defaults() -> ml_collections.ConfigDict:
   """Dynamic masking inside the step (mlm_jax/objectives/masking.py)."""
   k = ml_collections.ConfigDict()
-  k.mode = "token"               # token | whole_word | span
+  # token | whole_word | span (SpanBERT: geometric lengths) | span_uniform (GPT-BERT / LTG-BERT: the row cut
+  # into spans of 1..span_max tokens, whole spans chosen at random, 80/10/10 decided per span)
+  k.mode = "token"
   k.mask_rate = 0.15
   k.mask_token_prob = 0.8
   k.random_token_prob = 0.1
@@ -135,7 +140,7 @@ def masking_defaults() -> ml_collections.ConfigDict:
   k.mask_rate_schedule = ()
   k.mask_rate_schedule_mode = "constant"
   k.span_p = 0.2                 # SpanBERT geometric parameter
-  k.span_max = 10
+  k.span_max = 10                # span: the longest span; span_uniform: spans of 1..span_max (GPT-BERT: 3)
   # Filled from the tokenizer at start: mask id and the ids that are never selected/sampled.
   k.mask_id = -1
   k.special_ids = ()
@@ -143,8 +148,11 @@ def masking_defaults() -> ml_collections.ConfigDict:
 
 
 def optimizer_defaults() -> ml_collections.ConfigDict:
-  """AdamW and its schedule (mlm_jax/training/optim.py)."""
+  """AdamW (or LAMB) and its schedule (mlm_jax/training/optim.py)."""
   o = ml_collections.ConfigDict()
+  # adamw | lamb: Adam's direction plus weight decay, each weight matrix's update then scaled to
+  # ||w|| / ||update|| (You et al., 2020; biases and norms take the plain step, as in BERT's and GPT-BERT's LAMB)
+  o.name = "adamw"
   o.learning_rate = 1e-4         # peak
   o.warmup_steps = 100
   o.schedule = "linear"          # linear | cosine | constant | wsd (after warmup)
@@ -183,6 +191,22 @@ def electra_defaults() -> ml_collections.ConfigDict:
   # False: one each (runs written before this field existed read as False and load unchanged).
   e.share_embedding_norm = True
   return e
+
+
+def gpt_bert_defaults() -> ml_collections.ConfigDict:
+  """The hybrid of `objective='gpt_bert'` (mlm_jax/objectives/gpt_bert.py): masked next-token prediction plus
+  a share of causal rows, one LM head (Charpentier & Samuel, 2024)."""
+  g = ml_collections.ConfigDict()
+  # Share of each (micro)batch's rows trained causally (its last rows); the rest masked. GPT-BERT: 1:15.
+  g.causal_share = 1 / 16
+  return g
+
+
+def loss_defaults() -> ml_collections.ConfigDict:
+  """Terms every objective's LM head adds to its loss (mlm_jax/objectives/mlm.py, sparse_loss.py)."""
+  o = ml_collections.ConfigDict()
+  o.z_loss = 0.0                 # PaLM's z-loss: + z_loss x log(Z)^2 per predicted slot (1e-4 in PaLM, GPT-BERT); 0 = off
+  return o
 
 
 def data_defaults() -> ml_collections.ConfigDict:
@@ -255,7 +279,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.kind = "pretraining"         # what the config is for (fine-tuning configs: "finetuning")
   c.seed = 0
   # mlm | mlm+nsp (BERT next-sentence prediction) | mlm+sop (ALBERT sentence order) | electra
-  # (replaced-token detection, mlm_jax/objectives/electra.py); the sentence objectives read pairs of sentences
+  # (replaced-token detection, mlm_jax/objectives/electra.py) | gpt_bert (masked next-token prediction plus
+  # causal rows, mlm_jax/objectives/gpt_bert.py); the sentence objectives read pairs of sentences
   # from a token store (mlm_jax/data/store/pairs.py).
   c.objective = "mlm"
   # A workdir (its latest checkpoint) or a folder written by `convert_checkpoint.py from_hf`:
@@ -277,6 +302,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.data = data_defaults()
   c.train = loop_defaults()
   c.electra = electra_defaults()       # read when objective='electra'
+  c.gpt_bert = gpt_bert_defaults()     # read when objective='gpt_bert'
+  c.loss = loss_defaults()
 
   # ---- mesh and sharding (mlm_jax/model/sharding.py) ----
   # Axis sizes over all devices (-1 = fill). On several TPU slices, dcn_* says how many slices each axis

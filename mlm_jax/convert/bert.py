@@ -67,13 +67,17 @@ def arch_from_hf(hf: Mapping) -> str:
 def hf_config(cfg: ml_collections.ConfigDict, arch: str, pad_token_id: int, bos_token_id: int | None = None,
               eos_token_id: int | None = None) -> dict:
   """An HF config.json dict for our `config.model` (post-LN, learned positions, GELU models only)."""
+  from mlm_jax.model import encoder
+  extra = encoder.no_hf_equivalent(cfg)
+  if extra:
+    raise ConversionError(f"model.{extra[0]}=True (an LTG-BERT / ELC-BERT switch) has no equivalent in transformers: "
+                          "this model cannot be exported (docs/model.md)")
   if arch == modernbert.ARCH:
     return modernbert.hf_config(cfg, pad_token_id, bos_token_id, eos_token_id)
   _prefix(arch)
   if cfg.positions != "learned" or cfg.norm != "post" or cfg.mlp != "gelu":
     raise ConversionError(f"model (positions={cfg.positions}, norm={cfg.norm}, mlp={cfg.mlp}) has no "
                           f"{arch} equivalent in transformers: expected learned / post / gelu")
-  from mlm_jax.model import encoder
   switched_off = [k for k in (*encoder.MODEL_FIELDS, "embedding_norm") if not cfg[k]]
   if switched_off:
     raise ConversionError(f"model.{switched_off[0]}=False has no {arch} equivalent in transformers (its layers "

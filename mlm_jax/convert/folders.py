@@ -29,6 +29,9 @@ from mlm_jax.objectives import registry
 
 
 ConversionError = errors.ConversionError
+# config.json key of a model whose LM head predicts a masked token at t from position t - shift (GPT-BERT: 1);
+# transformers keeps it as a config attribute, our readers (fill-mask, PLL) shift by it.
+SHIFT_KEY = "prediction_shift"
 
 
 def default_arch(model_cfg: ml_collections.ConfigDict) -> str:
@@ -74,6 +77,8 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
     prefix = "bert" if arch == "bert" else "roberta"
     state_dict[f"{prefix}.embeddings.token_type_embeddings.weight"] = np.zeros((1, mcfg.hidden_size), np.float32)
   hcfg.update(dtype="float32", mask_token_id=tok.mask_id)
+  if objective.prediction_shift:
+    hcfg[SHIFT_KEY] = objective.prediction_shift
   dropped = ""
   if mcfg.get("sentence_head", False):
     if arch == "bert":

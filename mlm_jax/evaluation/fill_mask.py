@@ -31,6 +31,7 @@ class MaskedLM:
   tokenizer: tokenizer_base.Tokenizer
   model_config: ml_collections.ConfigDict
   source: str                        # what was loaded, for messages
+  shift: int = 0                     # a masked token at t is predicted at t - shift (the objective's prediction_shift)
 
 
 def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
@@ -43,11 +44,12 @@ def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
     _refuse_discriminator(mcfg, workdir)
     graphdef, params, step = restore.restore_model(workdir, mcfg, step)
     from flax import nnx
-    return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})")
+    return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})", objective.prediction_shift)
   module, step = restore.restore_objective_model(workdir, config, step)
   for name in path.split("."):
     module = getattr(module, name)
-  return MaskedLM(module, tok, mcfg, f"{workdir} ({objective.__name__} {path}, step {step})")
+  return MaskedLM(module, tok, mcfg, f"{workdir} ({objective.__name__} {path}, step {step})",
+                  objective.prediction_shift)
 
 
 def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
@@ -78,7 +80,8 @@ def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
   if fresh_head:
     raise NoMaskedLM(f"{hf_dir} has no MLM head (a base or sentence-transformers model): fill-mask needs "
                               "one; continue pretraining from it first (--config.init_from)")
-  return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir)
+  return MaskedLM(nnx.merge(graphdef, jax.tree.map(jnp.asarray, params)), tok, mcfg, hf_dir,
+                  int(hcfg.get(folders.SHIFT_KEY, 0)))
 
 
 def encode_with_masks(tok: tokenizer_base.Tokenizer, text: str) -> tuple[list[int], list[int]]:
@@ -109,7 +112,7 @@ def fill_mask(lm: MaskedLM, text: str, top_k: int = 5) -> dict:
     raise UserError(f"text is {len(ids)} tokens long; the model takes at most {limit}")
   x = jnp.asarray([ids], jnp.int32)
   hidden = lm.model(x, jnp.ones_like(x), jnp.arange(len(ids), dtype=jnp.int32)[None], None)
-  logits = lm.model.mlm_logits(hidden[0, jnp.asarray(masks)])
+  logits = lm.model.mlm_logits(hidden[0, jnp.asarray(masks) - lm.shift])
   probs = np.asarray(jax.device_get(jax.nn.softmax(logits.astype(jnp.float32), axis=-1)))
   k = max(1, min(int(top_k), probs.shape[-1]))
   out = []

@@ -188,10 +188,13 @@ class Scorer:
 
   `rows` rows per step (rounded up to the mesh's batch parallelism), `row_len` tokens a row, sentences
   of at most `max_len` tokens (the model's positions; 0 = row_len), masked copies of `variant` (VARIANTS).
-  One compile per (rows, row_len, slots) shape; `one_per_row` gives the unpacked reference."""
+  One compile per (rows, row_len, slots) shape; `one_per_row` gives the unpacked reference. `shift`: the
+  model predicts a masked token at t from position t - shift (its objective's `prediction_shift`: GPT-BERT's
+  masked next-token prediction, 1)."""
 
   def __init__(self, graphdef, tok, row_len: int, *, rows: int = 64, path: str = "", variant: str = "token",
-               mesh=None, one_per_row: bool = False, max_len: int = 0, chunk_tokens: int = CHUNK_TOKENS):
+               mesh=None, one_per_row: bool = False, max_len: int = 0, chunk_tokens: int = CHUNK_TOKENS,
+               shift: int = 0):
     from flax import nnx
     self.tok, self.row_len, self.one_per_row = tok, int(row_len), one_per_row
     self.variant = check_variant(variant)
@@ -206,7 +209,8 @@ class Scorer:
       for name in filter(None, path.split(".")):
         model = getattr(model, name)
       hidden = model(ids, seg, pos)
-      picked = jnp.take_along_axis(hidden, slot_pos[..., None], axis=1)
+      # a copy's first token (BOS) is never masked: t - shift stays in the copy
+      picked = jnp.take_along_axis(hidden, jnp.maximum(slot_pos - shift, 0)[..., None], axis=1)
       logp = jax.nn.log_softmax(model.mlm_logits(picked).astype(jnp.float32), axis=-1)
       return jnp.take_along_axis(logp, slot_target[..., None], axis=-1)[..., 0]
 

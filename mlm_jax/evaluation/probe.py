@@ -189,7 +189,7 @@ class PairsProbe:
       self.sets["clams"] = clams.sample(clams.folder(catalogue.data_dir(need=clams.FOLDER)),
                                         int(t.probe_clams_pairs), tuple(t.probe_clams_languages))
     self.scorer = pll.Scorer(trainer.graphdef, tok, pll.ROW_LEN, rows=Probe.ROWS, path=path, mesh=trainer.mesh,
-                             max_len=pll.max_len(model_cfg))
+                             max_len=pll.max_len(model_cfg), shift=trainer.objective.prediction_shift)
 
   def __call__(self, params) -> dict:
     from mlm_jax.evaluation import zeroshot

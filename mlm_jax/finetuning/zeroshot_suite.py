@@ -47,7 +47,7 @@ def scorer_for(lm, variant: str = "token"):
   graphdef, params = nnx.split(lm.model, nnx.Param)
   params = jax.device_put(params, sharding.replicated(mesh))
   return pll.Scorer(graphdef, lm.tokenizer, pll.ROW_LEN, rows=PLL_ROWS, variant=variant, mesh=mesh,
-                    max_len=pll.max_len(lm.model_config)), params
+                    max_len=pll.max_len(lm.model_config), shift=lm.shift), params
 
 
 def read_sets(task, data: str, pairs: int, columns: dict | None = None) -> list:

@@ -129,29 +129,35 @@ class Context:
   rope_thetas: Any = None
 
 
-def dense_mask(segment_ids, window: int = 0):
-  """[B, 1, S, S] boolean: a token sees its own document (within `window` / 2); padding (0) sees nothing."""
+def dense_mask(segment_ids, window: int = 0, causal=None):
+  """[B, 1, S, S] boolean: a token sees its own document (within `window` / 2); padding (0) sees nothing.
+  `causal` ([B] bool, or None = no row): in those rows a token sees only itself and what precedes it."""
   same = segment_ids[:, :, None] == segment_ids[:, None, :]
   mask = same & (segment_ids[:, None, :] > 0)
+  idx = jnp.arange(segment_ids.shape[1])
   if window:
-    idx = jnp.arange(segment_ids.shape[1])
     mask = mask & (jnp.abs(idx[:, None] - idx[None, :]) <= window // 2)
+  if causal is not None:
+    mask = mask & (~causal[:, None, None] | (idx[None, :] <= idx[:, None])[None])
   return mask[:, None]
 
 
 def make_context(cfg: ml_collections.ConfigDict, segment_ids, mesh=None, training: bool = False,
-                 rope_thetas=None) -> Context:
-  """The resolved implementation (an `auto` still in the config is resolved here) and its masks."""
+                 rope_thetas=None, causal=None) -> Context:
+  """The resolved implementation (an `auto` still in the config is resolved here) and its masks;
+  `causal` ([B] bool): rows that attend causally (GPT-BERT's causal share), which only xla serves."""
   impl = cfg.attention_impl or "auto"
   if impl == "auto":
-    impl, _ = resolve_impl(cfg, platform_of(mesh), segment_ids.shape[1])
+    impl = "xla" if causal is not None else resolve_impl(cfg, platform_of(mesh), segment_ids.shape[1])[0]
+  if causal is not None and impl != "xla":
+    raise ConfigError(f"model.attention_impl={impl} has no causal rows (a causal objective's batches): use xla")
   if training and cfg.attention_dropout > 0 and impl != "xla":
     raise ConfigError(f"model.attention_impl={impl} has no attention dropout "
                      f"(model.attention_dropout={cfg.attention_dropout}): use xla or set the dropout to 0")
   masks = {}
   if impl == "xla":
     windows = {layer_window(cfg, i) for i in range(cfg.num_layers)}
-    masks = {w: dense_mask(segment_ids, w) for w in sorted(windows)}
+    masks = {w: dense_mask(segment_ids, w, causal) for w in sorted(windows)}
   return Context(segment_ids=segment_ids, masks=masks, impl=impl, mesh=mesh, rope_thetas=rope_thetas)
 
 

@@ -21,6 +21,13 @@ from mlm_jax.errors import ConfigError
 # these values (the models they describe had every bias and norm); workdir/files.py `migrate` fills them in.
 MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bias=True,
                     first_layer_attention_norm=True)
+# LTG-BERT / ELC-BERT / GPT-BERT switches (docs/model.md), off in older config.json files too.
+LTG_FIELDS = dict(extra_norms=False, layer_weighting=False)
+
+
+def no_hf_equivalent(cfg: ml_collections.ConfigDict) -> list[str]:
+  """The switches on in `cfg` that no transformers class has (to_hf refuses such a model)."""
+  return [k for k in LTG_FIELDS if cfg.get(k, False)]
 
 
 def final_norm_name(cfg: ml_collections.ConfigDict) -> str | None:
@@ -173,6 +180,8 @@ class Attention(nnx.Module):
     self.k_bias = bias((n, d), ("heads", "kv"))
     self.v_bias = bias((n, d), ("heads", "kv"))
     self.o_bias = bias((h,), ("norm",))
+    # LTG-BERT / NormFormer: a LayerNorm on the heads' output before the output projection
+    self.out_norm = _norm(cfg, param_dtype) if cfg.get("extra_norms", False) else None
     self.rotary = cfg.positions == "rotary"
     self.window = window
     self.rope_theta = cfg.rope_theta_local if window else cfg.rope_theta
@@ -198,11 +207,15 @@ class Attention(nnx.Module):
       logits = jnp.where(ctx.masks[self.window], logits, jnp.finfo(jnp.float32).min)
       probs = dropout(jax.nn.softmax(logits, axis=-1), self.dropout_rate, key).astype(dtype)
       out = matmul.einsum("bnqk,bknd->bqnd", probs, v, dtype, mode)
+    if self.out_norm is not None:
+      b, s, n, d = out.shape
+      out = self.out_norm(out.reshape(b, s, n * d)).reshape(b, s, n, d)
     return matmul.einsum("bsnd,ndh->bsh", out, self.o_kernel[...], dtype, self.matmul, _value(self.o_bias))
 
 
 class MLP(nnx.Module):
-  """gelu: wo(GELU(wi x)); geglu: wo(GELU(wi x) * wg x), HF ModernBERT's Wi = [wi; wg] (input, gate)."""
+  """gelu: wo(GELU(wi x)); geglu: wo(GELU(wi x) * wg x), HF ModernBERT's Wi = [wi; wg] (input, gate).
+  `model.extra_norms`: wo(LN(...)), a LayerNorm on the hidden activation (LTG-BERT / NormFormer)."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, key, param_dtype):
     h, f, std = cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range
@@ -217,12 +230,16 @@ class MLP(nnx.Module):
     self.wo_kernel = _param(ko, (f, h), ("mlp", "embed"), "normal", std, param_dtype)
     self.wo_bias = bias(h, ("norm",))
     self.matmul = cfg.get("matmul", "auto")
+    self.hidden_norm = (LayerNorm(f, cfg.layer_norm_eps, param_dtype, bias=cfg.norm_bias)
+                        if cfg.get("extra_norms", False) else None)
 
   def __call__(self, x, dtype):
     dense = lambda x, kernel, bias: matmul.einsum("bsi,io->bso", x, kernel[...], dtype, self.matmul, _value(bias))
     y = gelu(dense(x, self.wi_kernel, self.wi_bias))
     if self.gated:
       y = y * dense(x, self.wg_kernel, self.wg_bias)
+    if self.hidden_norm is not None:
+      y = self.hidden_norm(y)
     return dense(y, self.wo_kernel, self.wo_bias)
 
 
@@ -346,6 +363,9 @@ class Encoder(nnx.Module):
     if not cfg.first_layer_attention_norm and cfg.norm != "pre":
       raise ConfigError("model.first_layer_attention_norm=False needs model.norm='pre' (a post-LN layer's "
                         "attention norm is its residual LayerNorm)")
+    if cfg.get("layer_weighting", False) and cfg.scan_layers:
+      raise ConfigError("model.layer_weighting=True needs model.scan_layers=False (each layer reads a weighted "
+                        "sum of every earlier layer's output)")
     self.cfg = cfg
     pdt = jnp.dtype(cfg.param_dtype)
     h, std = cfg.hidden_size, cfg.initializer_range
@@ -381,6 +401,12 @@ class Encoder(nnx.Module):
       self.tail_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead + n * g, cfg.num_layers)])
     else:
       self.layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(cfg.num_layers)])
+    if cfg.get("layer_weighting", False):
+      # ELC-BERT: row l weighs the embeddings and the outputs of layers 1..l+1 into what follows layer l+1;
+      # one-hot on layer l+1's own output at init (a plain residual stack), entries past it unused.
+      n = cfg.num_layers
+      with nnx.use_eager_sharding(False):
+        self.layer_weights = nnx.Param(jnp.eye(n, n + 1, k=1, dtype=pdt), out_sharding=(None, None))
     if cfg.get("mlm_head", True):   # projects back to the embedding size, where the tied decoder is
       self.head_kernel = _param(keys[3], (h, e), ("embed", None), "normal", std, pdt)
       self.head_bias = _param(None, (e,), ("norm",), "zeros", 0.0, pdt) if cfg.head_bias else None
@@ -405,10 +431,11 @@ class Encoder(nnx.Module):
     return self.cfg.get("matmul", "auto")
 
   def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None,
-               activation_sharding=None):
+               activation_sharding=None, causal=None):
     """`activation_sharding` pins the [batch, seq, hidden] activations between layers (the train step
     passes batch over ("data", "fsdp")): with fsdp-sharded weights XLA's propagation otherwise follows
     the weights' `embed` sharding and replicates the batch, i.e. every chip computes the global batch.
+    `causal` ([batch] bool): rows whose tokens attend only to themselves and earlier tokens (GPT-BERT).
     """
     cfg, dtype = self.cfg, self.dtype
     pin = (lambda y: y) if activation_sharding is None else (
@@ -429,7 +456,7 @@ class Encoder(nnx.Module):
     x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
     mesh = None if activation_sharding is None else activation_sharding.mesh
     ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None,
-                                 rope_thetas=_bound_thetas(cfg))
+                                 rope_thetas=_bound_thetas(cfg), causal=causal)
     layer_fn = Layer.__call__
     if cfg.remat != "none":
       layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))
@@ -442,8 +469,13 @@ class Encoder(nnx.Module):
       rest = zip(self.tail_layers, layer_keys[lead + n * g:])
     else:
       rest = zip(self.layers, layer_keys)
-    for layer, key in rest:
+    outputs = [x]   # layer_weighting: the embeddings, then every layer's output
+    for i, (layer, key) in enumerate(rest):
       x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
+      if cfg.get("layer_weighting", False):
+        outputs.append(x)
+        w = self.layer_weights[...][i, :i + 2].astype(dtype)
+        x = pin(sum(w[j] * h for j, h in enumerate(outputs)))
     if final_norm_name(cfg):
       x = getattr(self, final_norm_name(cfg))(x)
     return x

@@ -102,7 +102,7 @@ class Electra(MLM):
 
   # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
-    self.masking, self.vocab_size = config.masking, config.model.vocab_size
+    super().__init__(config)
     self.disc_weight = float(config.electra.disc_weight)
 
   def prepare(self, batch, key, step=None):
@@ -150,7 +150,7 @@ class Electra(MLM):
   def loss_sums(self, pair, batch, dropout_key, activation_sharding=None):
     sums = self.forward(pair, batch, dropout_key, activation_sharding)["sums"]
     ratio = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_tokens"], 1.0))
-    return sums["loss_sum"] + self.disc_weight * ratio * sums["disc_loss_sum"], sums
+    return self.lm_loss(sums) + self.disc_weight * ratio * sums["disc_loss_sum"], sums
 
   def evaluate(self, pair, batch, key, activation_sharding=None):
     """The step's sums plus histograms of the discriminator's logits on replaced and on kept tokens,
@@ -174,7 +174,7 @@ class Electra(MLM):
                 disc_accuracy=float(sums["disc_correct_sum"]) / t, replaced=float(sums["replaced_sum"]) / t,
                 disc_precision=tp / max(float(sums["disc_said_replaced_sum"]), 1.0),
                 disc_recall=tp / max(float(sums["replaced_sum"]), 1.0),
-                sampled_accuracy=float(sums["sampled_correct_sum"]) / n)
+                sampled_accuracy=float(sums["sampled_correct_sum"]) / n, **self.z_summary(sums))
 
   def summarize_eval(self, sums) -> dict:
     return dict(super().summarize_eval(sums), disc_auc=histogram_auc(sums["disc_logit_hist_replaced"],

@@ -17,6 +17,9 @@ class Objective(Protocol):
   # --- asked before the run (class methods; the config is the resolved, still-editable one) ---
   input_kind: ClassVar[str]
   """'rows' (packed documents), 'nsp_pairs' or 'sop_pairs' (sentence pairs from a token store)."""
+  prediction_shift: ClassVar[int]
+  """Where the masked LM predicts a masked token at position t: from t - prediction_shift (MLM: 0; GPT-BERT's
+  masked next-token prediction: 1). Pseudo-log-likelihood, fill-mask and to_hf's config.json follow it."""
 
   @classmethod
   def bind(cls, config: Config) -> None:

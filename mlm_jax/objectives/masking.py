@@ -1,4 +1,5 @@
-"""Dynamic MLM masking on device: token, whole-word and span (SpanBERT) selection, then 80/10/10.
+"""Dynamic MLM masking on device: token, whole-word, span (SpanBERT) and uniform-span (GPT-BERT)
+selection, then 80/10/10.
 
 `mask_batch(batch, key, cfg)` is pure and runs inside the jitted step; example i draws from
 `fold_in(key, i)`, i its index in the global batch, so any mesh and any resume give the same masks.
@@ -64,6 +65,8 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   if not 0 <= cfg.mask_id < vocab_size:
     raise ConfigError(f"masking.mask_id={cfg.mask_id}: expected an id in [0, {vocab_size}) "
                       "(set it from the tokenizer's mask id)")
+  if cfg.mode in ("span", "span_uniform") and int(cfg.span_max) < 1:
+    raise ConfigError(f"masking.span_max={cfg.span_max}: expected a span length of at least 1")
   bad = [i for i in cfg.special_ids if not 0 <= i < vocab_size]
   if bad:
     raise ConfigError(f"masking.special_ids has ids outside [0, {vocab_size}): {bad}")
@@ -153,6 +156,22 @@ def _select_spans(key, cand, rate, num_slots, p, max_len):
   return sel
 
 
+def _select_uniform_spans(key, cand, rate, num_slots, max_len):
+  """GPT-BERT's span masking: the row cut into spans of 1..max_len tokens (uniform; a special token or
+  padding ends a span), spans taken in a random order until round(rate * n) tokens (the last one cut
+  there). Returns (selected, span index of each token)."""
+  s = cand.shape[0]
+  k_len, k_order = jax.random.split(key)
+  lengths = jax.random.randint(k_len, (s,), 1, max_len + 1)
+  starts = jnp.zeros(s, bool).at[jnp.cumsum(lengths) - lengths].set(True, mode="drop")
+  after_boundary = jnp.concatenate([jnp.zeros(1, bool), ~cand[:-1]])
+  span = jnp.cumsum(starts | ~cand | after_boundary) - 1
+  score = jnp.where(cand, jax.random.uniform(k_order, (s,))[span], -1.0)
+  _, idx = jax.lax.top_k(score, num_slots)   # equal scores (one span) keep their order
+  take = jnp.arange(num_slots) < _budget(cand, rate, num_slots)
+  return jnp.zeros(s, bool).at[idx].set(take), span
+
+
 def _slots(selected, num_slots):
   """Positions of the selected tokens in increasing order, padded to `num_slots`."""
   s = selected.shape[0]
@@ -176,14 +195,17 @@ def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_
   rate = step_values.get("masking.mask_rate", cfg.mask_rate) if rate is None else rate
   k_sel, k_how, k_rand = jax.random.split(key, 3)
   cand = _candidates(input_ids, segment_ids, tuple(cfg.special_ids) + (cfg.mask_id,))
+  group = jnp.arange(input_ids.shape[0])   # tokens that share the 80/10/10 draw: span_uniform's spans
   if cfg.mode == "token":
     selected = _select_tokens(k_sel, cand, rate, num_slots)
   elif cfg.mode == "whole_word":
     selected = _select_words(k_sel, cand, word_starts, rate, num_slots)
-  else:
+  elif cfg.mode == "span":
     selected = _select_spans(k_sel, cand, rate, num_slots, cfg.span_p, cfg.span_max)
+  else:
+    selected, group = _select_uniform_spans(k_sel, cand, rate, num_slots, cfg.span_max)
   positions, used = _slots(selected, num_slots)
-  u = jax.random.uniform(k_how, input_ids.shape)
+  u = jax.random.uniform(k_how, input_ids.shape)[group]
   special = tuple(sorted(set(tuple(cfg.special_ids) + (cfg.mask_id,))))
   rand = _random_tokens(k_rand, input_ids.shape, vocab_size, special)
   corrupted = jnp.where(u < cfg.mask_token_prob, cfg.mask_id,

@@ -18,10 +18,19 @@ from mlm_jax.objectives import sparse_loss
 ROW_FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")   # a packed row (data/)
 
 
+def z_loss_weight(config: ml_collections.ConfigDict) -> float:
+  """loss.z_loss (0 = off; configs written before the field have none)."""
+  z = float(config.get("loss", {}).get("z_loss", 0.0))
+  if z < 0:
+    raise ConfigError(f"loss.z_loss={z}: expected >= 0 (PaLM uses 1e-4; 0 = off)")
+  return z
+
+
 class MLM:
   """The masked-LM objective: masking at the scheduled rate, the MLM head on the prediction slots."""
   input_kind = "rows"
   count_key = "num_predictions"
+  prediction_shift = 0   # the LM head reads a masked token at t from position t - prediction_shift
 
   # --- asked before the run ---
   @classmethod
@@ -65,6 +74,7 @@ class MLM:
   # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
     self.masking, self.vocab_size = config.masking, config.model.vocab_size
+    self.z_loss = z_loss_weight(config)
 
   def prepare(self, batch, key, step=None):
     """Masks at masking.mask_rate, or at the schedule's rate for `step` (traced; None at eval)."""
@@ -85,9 +95,13 @@ class MLM:
     return hidden, sparse_loss.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...],
                                         batch["masked_labels"], batch["masked_weights"], model.matmul_mode)
 
+  def lm_loss(self, sums):
+    """The LM head's summed loss: cross-entropy, plus loss.z_loss x log(Z)^2 over the same slots (PaLM)."""
+    return sums["loss_sum"] + self.z_loss * sums["z_loss_sum"] if self.z_loss else sums["loss_sum"]
+
   def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
     _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
-    return sums["loss_sum"], sums
+    return self.lm_loss(sums), sums
 
   def evaluate(self, model, batch, key, activation_sharding=None):
     """Metric sums with masks from `key` (fixed across evaluations, so they are comparable)."""
@@ -95,7 +109,11 @@ class MLM:
 
   def summarize(self, sums) -> dict:
     n = max(float(sums["num_predictions"]), 1.0)
-    return dict(loss=float(sums["loss_sum"]) / n, accuracy=float(sums["correct_sum"]) / n)
+    return dict(loss=float(sums["loss_sum"]) / n, accuracy=float(sums["correct_sum"]) / n, **self.z_summary(sums))
+
+  def z_summary(self, sums) -> dict:
+    """{'z_loss': mean log(Z)^2 of the predicted slots} when loss.z_loss is on (the term before its weight)."""
+    return dict(z_loss=float(sums["z_loss_sum"]) / max(float(sums["num_predictions"]), 1.0)) if self.z_loss else {}
 
   def summarize_eval(self, sums) -> dict:
     """The held-out report: the rates plus the masked LM's perplexity."""

@@ -20,6 +20,7 @@ OBJECTIVES = {
     "mlm+nsp": "mlm_jax.objectives.sentence:NextSentence",   # BERT's next-sentence prediction
     "mlm+sop": "mlm_jax.objectives.sentence:SentenceOrder",  # ALBERT's sentence-order prediction
     "electra": "mlm_jax.objectives.electra:Electra",
+    "gpt_bert": "mlm_jax.objectives.gpt_bert:GptBert",   # masked next-token prediction + causal rows, one head
 }
 DEFAULT = "mlm"
 

@@ -37,7 +37,7 @@ class MLMWithSentenceHead(MLM):
     weights = (batch["segment_ids"][:, 0] > 0).astype(jnp.float32)
     sums.update(sentence_sums(model.sentence_logits(hidden), batch["sentence_labels"], weights))
     scale = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_pairs"], 1.0))
-    return sums["loss_sum"] + scale * sums["sentence_loss_sum"], sums
+    return self.lm_loss(sums) + scale * sums["sentence_loss_sum"], sums
 
   def summarize(self, sums) -> dict:
     n = max(float(sums["num_pairs"]), 1.0)

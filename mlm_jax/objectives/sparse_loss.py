@@ -2,7 +2,8 @@
 
 The vocabulary projection runs only on the `max_predictions` slots, never on every position, in float32
 log-softmax; projection + cross-entropy are one custom-VJP function over [vocab, slots] logits, so the
-backward pass needs no transposed copy (why: docs/design_notes.md#sparse_loss).
+backward pass needs no transposed copy (why: docs/design_notes.md#sparse_loss). It also sums PaLM's
+z-loss term log(Z)^2 per slot (Z the softmax's normalizer), which `loss.z_loss` weighs into the loss.
 """
 from __future__ import annotations
 
@@ -36,30 +37,33 @@ def _stats(z, labels):
   return m, lse, label_logit
 
 
+def _sums(z, labels, weights):
+  m, lse, label_logit = _stats(z, labels)
+  return ((lse - label_logit) * weights).sum(), ((label_logit >= m) * weights).sum(), (lse * lse * weights).sum(), lse
+
+
 def sparse_cross_entropy(y, embeddings, bias, labels, weights, matmul: str = "xla"):
-  """(sum of weighted NLL, sum of weighted top-1 hits) for slot vectors y [N, H] and labels [N];
-  `matmul`: model.matmul (mlm_jax/model/matmul.py), how the projection's matmuls are written."""
+  """(sum of weighted NLL, sum of weighted top-1 hits, sum of weighted log(Z)^2) for slot vectors y [N, H]
+  and labels [N]; `matmul`: model.matmul (mlm_jax/model/matmul.py), how the projection's matmuls are written."""
   return _xent(matmul, y, embeddings, bias, labels, weights)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _xent(matmul, y, embeddings, bias, labels, weights):
-  z = _logits_t(y, embeddings, bias, matmul)
-  m, lse, label_logit = _stats(z, labels)
-  return ((lse - label_logit) * weights).sum(), ((label_logit >= m) * weights).sum()
+  return _sums(_logits_t(y, embeddings, bias, matmul), labels, weights)[:3]
 
 
 def _xent_fwd(matmul, y, embeddings, bias, labels, weights):
   z = _logits_t(y, embeddings, bias, matmul)
-  m, lse, label_logit = _stats(z, labels)
-  out = ((lse - label_logit) * weights).sum(), ((label_logit >= m) * weights).sum()
-  return out, (y, embeddings, bias, labels, weights, z, lse)
+  nll, hits, zsq, lse = _sums(z, labels, weights)
+  return (nll, hits, zsq), (y, embeddings, bias, labels, weights, z, lse)
 
 
 def _xent_bwd(matmul, res, g):
   y, embeddings, bias, labels, weights, z, lse = res
-  scale = g[0] * weights                                                   # [N]
-  dz = (jnp.exp(z - lse[None, :]) - _label_onehot(labels, z.shape[0])) * scale[None, :]
+  # d NLL / dz = softmax - onehot; d log(Z)^2 / dz = 2 log(Z) softmax
+  prob_scale = (g[0] + 2.0 * g[2] * lse) * weights                           # [N]
+  dz = jnp.exp(z - lse[None, :]) * prob_scale[None, :] - _label_onehot(labels, z.shape[0]) * (g[0] * weights)[None, :]
   dz_c = dz.astype(y.dtype)
   d_emb = matmul_lib.dot_f32("vn,nh->vh", dz_c, y, matmul).astype(embeddings.dtype)
   d_y = matmul_lib.dot_f32("vn,vh->nh", dz_c, embeddings.astype(y.dtype), matmul)
@@ -74,8 +78,8 @@ def mlm_sums(y, embeddings, bias, labels, weights, matmul: str = "xla"):
   """Metric sums for [..., H] slot vectors; flattens the slot dimensions."""
   h = y.shape[-1]
   y, labels, weights = y.reshape(-1, h), labels.reshape(-1), weights.reshape(-1).astype(jnp.float32)
-  loss_sum, correct_sum = sparse_cross_entropy(y, embeddings, bias, labels, weights, matmul)
-  return dict(loss_sum=loss_sum, correct_sum=correct_sum, num_predictions=weights.sum())
+  loss_sum, correct_sum, z_sum = sparse_cross_entropy(y, embeddings, bias, labels, weights, matmul)
+  return dict(loss_sum=loss_sum, correct_sum=correct_sum, num_predictions=weights.sum(), z_loss_sum=z_sum)
 
 
 def summarize(sums):

@@ -1,4 +1,5 @@
 """AdamW as BERT/RoBERTa train it: warmup, then linear or cosine decay; no decay on biases or norms.
+LAMB (`name='lamb'`): the same Adam step with its layer-wise trust ratio (GPT-BERT's optimizer).
 
 Also ModernBERT's recipe: a warmup-stable-decay schedule (`schedule='wsd'`) and per-tensor update clipping
 (`update_clip_rms`), the nearest optax equivalent of StableAdamW (how near: docs/design_notes.md#optim).
@@ -88,6 +89,23 @@ def clip_update_rms(threshold: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def scale_by_trust_ratio() -> optax.GradientTransformation:
+  """optax.scale_by_trust_ratio per tensor, and per layer for stacked (scanned) parameters, so a scanned
+  model takes the steps of the unscanned one: update * ||w|| / ||update|| (1 where either norm is 0)."""
+
+  def update(updates, state, params):
+    def scale(path, u, p):
+      axes = tuple(range(1, u.ndim)) if _is_stacked(path) and u.ndim > 1 else None
+      norm = lambda x: jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axes, keepdims=True))
+      p_norm, u_norm = norm(p), norm(u)
+      ratio = jnp.where((p_norm == 0) | (u_norm == 0), 1.0, p_norm / jnp.where(u_norm == 0, 1.0, u_norm))
+      return u * ratio.astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(scale, updates, params), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def decay_mask(params):
   """True for weight matrices and embeddings; False for biases and LayerNorm scales/biases."""
 
@@ -122,7 +140,9 @@ def scale_by_adam_without_bias_correction(b1: float, b2: float, eps: float) -> o
 
 def make_optimizer(o: ml_collections.ConfigDict, total_steps: int,
                    schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
-  """AdamW of `o`; its learning rate `schedule`, or make_schedule(o, total_steps)."""
+  """AdamW (or LAMB) of `o`; its learning rate `schedule`, or make_schedule(o, total_steps)."""
+  name = o.get("name", "adamw")
+  choices.check("optimizer.name", name)
   parts = []
   if o.clip_norm and o.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(float(o.clip_norm)))
@@ -131,12 +151,15 @@ def make_optimizer(o: ml_collections.ConfigDict, total_steps: int,
   if clip_rms < 0:
     raise ConfigError(f"optimizer.update_clip_rms={clip_rms}: expected >= 0 (0 = off)")
   corrected = bool(o.get("bias_correction", True))
-  if clip_rms > 0 or not corrected:
-    # optax.adamw's own chain, with the clipping between the Adam direction and the weight decay.
+  if clip_rms > 0 or not corrected or name == "lamb":
+    # optax.adamw's own chain, with the clipping between the Adam direction and the weight decay; LAMB
+    # (optax.lamb's chain) scales the decayed update of each weight matrix by its trust ratio.
     adam = optax.scale_by_adam if corrected else scale_by_adam_without_bias_correction
     parts += [adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))]
     parts += [clip_update_rms(clip_rms)] if clip_rms > 0 else []
-    parts += [optax.add_decayed_weights(float(o.weight_decay), mask=decay_mask), optax.scale_by_learning_rate(schedule)]
+    parts += [optax.add_decayed_weights(float(o.weight_decay), mask=decay_mask)]
+    parts += [optax.masked(scale_by_trust_ratio(), decay_mask)] if name == "lamb" else []
+    parts += [optax.scale_by_learning_rate(schedule)]
   else:   # optax.adamw itself, so optimizer states of runs from before update_clip_rms keep their layout
     parts.append(optax.adamw(schedule, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
                              weight_decay=float(o.weight_decay), mask=decay_mask))

@@ -60,10 +60,11 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def migrate_model(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`cfg` (a config.json's `model`) with the fields added since it was written filled in, as older
-  runs meant them: encoder.MODEL_FIELDS (every bias and norm), attention.NEW_FIELDS (all-global,
-  unscanned), matmul.NEW_FIELDS (`auto`) and `embedding_norm` (post-LN normalized the embeddings, pre-LN
-  did not)."""
-  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **attention.NEW_FIELDS, **matmul.NEW_FIELDS}.items()
+  runs meant them: encoder.MODEL_FIELDS (every bias and norm), encoder.LTG_FIELDS (off), attention.NEW_FIELDS
+  (all-global, unscanned), matmul.NEW_FIELDS (`auto`) and `embedding_norm` (post-LN normalized the
+  embeddings, pre-LN did not)."""
+  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **encoder.LTG_FIELDS, **attention.NEW_FIELDS,
+                               **matmul.NEW_FIELDS}.items()
              if k not in cfg}
   if "embedding_norm" not in cfg:
     missing["embedding_norm"] = cfg.norm == "post"
