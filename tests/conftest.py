@@ -61,9 +61,10 @@ def corpus_and_tokenizer(tmp_path_factory):
 # Files that run the binaries for minutes go first: under the README's `-n 2 --dist loadfile` each
 # file stays on one worker (its module fixtures built once), and a long file started last would
 # leave the other worker idle at the end.
-SLOW_FIRST = ("test_train.py", "test_phases.py", "test_downstream.py", "test_finetune_pretrained.py",
-              "test_multihost.py", "test_zeroshot.py", "test_fill_mask.py", "test_sentence_pairs.py",
-              "test_console.py", "test_step.py", "test_finetune.py", "test_store_train.py", "test_goodput.py")
+SLOW_FIRST = ("test_train.py", "test_multihost.py", "test_phases.py", "test_downstream.py",
+              "test_finetune_pretrained.py", "test_zeroshot.py", "test_fill_mask.py", "test_sentence_pairs.py",
+              "test_console.py", "test_step.py", "test_finetune.py", "test_gpt_bert.py", "test_matmul.py",
+              "test_store_beam.py", "test_goodput.py")
 
 
 def pytest_collection_modifyitems(items):

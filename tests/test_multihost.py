@@ -160,12 +160,15 @@ def test_a_text_run_preempted_on_one_host_killed_and_refused_on_another_count_re
   assert set(range(4, STOP + 1, 4)) | {first} <= set(_steps(wd)), _steps(wd)
 
 
-def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_exactly(tmp_path, corpus_and_tokenizer):
-  """A token store, read in two phases whose global batch doubles at step 6 (the data order continues).
-  SIGTERM to both processes at once inside phase a: one common checkpoint, exit 75. Resumed on 1
-  process x 8 devices (the store replays on any process count), across the boundary, to STOP: the
-  2-process run's losses."""
-  from mlm_jax.data.store import prepare
+def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_on_another_mesh_exactly(
+    tmp_path, corpus_and_tokenizer):
+  """A token store (its own tokenizer: data.tokenizer is empty), read in two phases whose global batch
+  doubles at step 6 (the data order continues). SIGTERM to both processes at once inside phase a: one
+  common checkpoint, exit 75. Resumed on 1 process x 8 devices on another mesh (data 4 x fsdp 2), its
+  batches built by 2 worker processes (the store replays on any process count), across the boundary, to
+  STOP: the 2-process run's losses. The reference logs the real-token share of each batch it read."""
+  import ml_collections
+  from mlm_jax.data.store import loader, prepare
   store = tmp_path / "store"
   prepare.prepare(prepare.Options(sources=(f"docs={corpus_and_tokenizer[0]}",), tokenizer=corpus_and_tokenizer[1],
                                   eval_percent=5.0), str(store), progress_s=1e9, log=lambda s: None)
@@ -178,12 +181,25 @@ def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_exact
     p.send_signal(signal.SIGTERM)
   first = _preempted_at(job)
   assert first < 6, first   # phase a's
-  job = Job(1, wd, str(store), phases, f"--config.train.stop_at_step={STOP}", logs=tmp_path, leg="one_process")
+  job = Job(1, wd, str(store), phases, f"--config.train.stop_at_step={STOP}", "--config.mesh.data=4",
+            "--config.mesh.fsdp=2", "--config.data.store_workers=2", logs=tmp_path, leg="one_process")
   assert job.wait() == [0], job.stderr(0)[-3000:]
   assert f"resuming from step {first}" in job.stderr(0)
   assert reference.wait() == [0, 0], reference.stderr(0)[-3000:]
   _same_losses(wd, ref_dir)
   assert set(range(4, STOP + 1, 4)) | {first} <= set(_steps(wd)), _steps(wd)
+
+  config = json.loads((ref_dir / "config.json").read_text())
+  assert config["data"]["tokenizer"].startswith(str(store))   # the store's own tokenizer
+  logged = {m["step"]: m for m in map(json.loads, (ref_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m}
+  assert logged[STOP]["data/docs/tokens"] > 0 and 0 < logged[STOP]["data/docs/epochs"] < 1, logged[STOP]
+  # each step's logged share of real tokens is that of the global batch it read (phase a: 16 rows a step)
+  reader = loader.StorePipeline(ml_collections.ConfigDict(config["data"]), 16, seed=config["seed"],
+                                cache_dir=str(tmp_path / "index"))
+  for step in range(1, 6):
+    real = (next(reader)["segment_ids"] > 0).mean()
+    assert logged[step]["real_fraction"] == pytest.approx(real, rel=1e-6), (step, logged[step])
+    assert logged[step]["real_tokens_per_sec"] / logged[step]["tokens_per_sec"] == pytest.approx(real, rel=1e-6)
 
 
 LAUNCH = ["launch/tpu_vm.sh", "launch/slurm.sbatch", "launch/local_multiprocess.sh"]
