@@ -26,7 +26,7 @@ the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34
 the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf16` computes in bfloat16; they
 combine: `:short,mask30`.
 
-The small-data levers of issue 45, each a variant (they combine with commas; not yet measured on BLiMP):
+The small-data levers, each a variant (they combine with commas; measured on BLiMP only together, below):
 `:gptbert` GPT-BERT's objective (Charpentier & Samuel, 2024; docs/objectives.md#gpt-bert-masked-next-token-prediction-with-a-causal-share):
 masked next-token prediction with 1/16 of the rows causal, its span masking (spans of 1-3 tokens) and
 the mask rate falling linearly from 30% to 15%; `:lamb` LAMB at lr 1e-2 (GPT-BERT's optimizer; weight

@@ -2,7 +2,8 @@
 
 It owns what every run needs and nothing an objective decides: restore or start, the step, logging
 with one host sync per `log_every`, evaluation and probes, checkpoints with the input's position,
-and preemption (SIGTERM on any host: every host saves one agreed step and stops; training/preemption.py). What each cadence does: docs/design_notes.md#loop.
+and preemption (SIGTERM on any host: every host saves one agreed step and stops;
+training/preemption.py). What each cadence does: docs/design_notes.md#loop.
 It also accounts the run's wall time (goodput, workdir/goodput.py) and traces `train.profile_steps`.
 """
 from __future__ import annotations
