@@ -24,7 +24,7 @@ from mlm_jax.model import sharding
 from mlm_jax.training import preemption, profiling
 from mlm_jax.training.best_checkpoint import BestCheckpoint
 from mlm_jax.training.log_interval import LogInterval
-from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput
+from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput, restore
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
 
@@ -141,16 +141,16 @@ class Loop:
       if self.phases is not None:
         self._enter_phase(self.phases.index_at(0), None)
       return state
-    abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
+    abstract = restore.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     with self._goodput.phase("restore"):
       if source is not None:
         try:
-          state, saved = source.restore(latest, abstract)
+          state, saved = restore.restore_state(source, latest, abstract)
         finally:
           source.close()
       else:
-        latest, state, saved = checkpointer.restore_newest(
-            abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
+        latest, state, saved = restore.restore_newest(
+            checkpointer, abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
     if self.phases is not None:
       self._enter_phase(self.phases.index_at(latest), saved)
     else:
