@@ -36,7 +36,7 @@ setup(
         "numpy>=2.0,<3",
         "psutil>=5.9",
         "tensorboard>=2.20,<2.22",
-        # the CPU allocator the binaries re-execute under (mlm_jax/allocator.py): bounded, steady peak RSS
+        # the CPU allocator the binaries re-execute under (mlm_jax/runtime/allocator.py): bounded, steady peak RSS
         "cmeel-mimalloc>=3.4,<3.5; platform_system == 'Linux'",
     ],
     extras_require={

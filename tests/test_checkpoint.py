@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mlm_jax.workdir import checkpoints
+from mlm_jax.workdir import checkpoints, restore
 
 
 def test_replicated_arrays_save_without_compiling_and_restore(tmp_path):
@@ -26,7 +26,7 @@ def test_replicated_arrays_save_without_compiling_and_restore(tmp_path):
     jax.monitoring.unregister_event_duration_listener(listener)
   assert compiles == [], f"{len(compiles)} compiles during the save"
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in state.items()}
-  restored, data = ckpt.restore(1, abstract)
+  restored, data = restore.restore_state(ckpt, 1, abstract)
   ckpt.close()
   assert data == {"position": 3}
   for k, v in state.items():
@@ -52,23 +52,23 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_for_the_previous_one(tmp_p
     ckpt.save(step, state(step), {"rows": step})
   ckpt.close()
   _truncate_largest_file(tmp_path / "checkpoints" / "2")
-  abstract = checkpoints.single_device(jax.eval_shape(lambda: state(0)))
+  abstract = restore.single_device(jax.eval_shape(lambda: state(0)))
 
   refusing = checkpoints.Checkpointer(str(tmp_path))
-  with pytest.raises(checkpoints.Unreadable, match=r"checkpoints/2 .*on_corrupt_checkpoint='refuse'") as e:
-    refusing.restore_newest(abstract, "refuse")
+  with pytest.raises(restore.Unreadable, match=r"checkpoints/2 .*on_corrupt_checkpoint='refuse'") as e:
+    restore.restore_newest(refusing, abstract, "refuse")
   assert "\n" not in str(e.value)
   refusing.close()
   wrong = {"w": jax.ShapeDtypeStruct((64, 32), jnp.float32), "step": jax.ShapeDtypeStruct((), jnp.int32)}
   mismatch = checkpoints.Checkpointer(str(tmp_path))
   with pytest.raises(CheckpointError, match="has shape") as e:
-    mismatch.restore_newest(checkpoints.single_device(wrong))
-  assert not isinstance(e.value, checkpoints.Unreadable)
+    restore.restore_newest(mismatch, restore.single_device(wrong))
+  assert not isinstance(e.value, restore.Unreadable)
   mismatch.close()
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2"]
 
   ckpt = checkpoints.Checkpointer(str(tmp_path))
-  step, restored, data = ckpt.restore_newest(abstract)
+  step, restored, data = restore.restore_newest(ckpt, abstract)
   assert step == 1 and data == {"rows": 1} and float(restored["w"][0, 0]) == 1.0
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2.corrupt"]
   assert ckpt.all_steps() == [1]
@@ -80,7 +80,7 @@ def test_an_unreadable_newest_checkpoint_is_set_aside_for_the_previous_one(tmp_p
 _RESTORE_PEAK = """
 import json, sys, threading
 import jax, numpy as np, psutil
-from mlm_jax.workdir import checkpoints
+from mlm_jax.workdir import restore
 dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 abstract = {"w": jax.ShapeDtypeStruct((1024, 256), np.float32, sharding=dev)}
 me, done, peak = psutil.Process(), threading.Event(), [0]
@@ -91,7 +91,7 @@ def sample():   # the resident set every millisecond while the restore runs
 before = me.memory_info().rss
 watcher = threading.Thread(target=sample)
 watcher.start()
-params, step = checkpoints.restore_params(sys.argv[1], abstract)
+params, step = restore.restore_params(sys.argv[1], abstract)
 done.set()
 watcher.join()
 assert step == 1 and float(params["w"][3, 5]) == 3 * 256 + 5

@@ -1,4 +1,4 @@
-"""The runtime tuning the binaries share (mlm_jax/runtime.py)."""
+"""The runtime tuning the binaries share (mlm_jax/runtime/)."""
 import json
 import re
 import subprocess
@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from mlm_jax import runtime
+from mlm_jax.runtime import log_setup
 from subproc import REPO, cpu_env
 
 # A jitted function whose two 64 MiB temporaries XLA allocates from its worker threads on every
@@ -74,7 +75,7 @@ import pytest
 from {module} import {func}
 if __name__ == "__main__":
     import os
-    from mlm_jax import allocator
+    from mlm_jax.runtime import allocator
     print("allocator", allocator.active(), os.environ.get(allocator.ACTIVE), os.getpid(), flush=True)
     sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
     sys.exit({func}())
@@ -133,13 +134,13 @@ import json, os, sys
 sys.path.insert(0, "tools")
 from mlm_jax import runtime
 runtime.configure()
-import jax, benchmark
+import jax, benchmark, benchmark_setup
 from mlm_jax.model import sharding
 from mlm_jax.training import trainer as step
 args = benchmark._parse(["--model=mini", "--batch=8", "--seq_len=64", "--vocab=1000"])
-run = benchmark._config(args, "cpu")[0]
+run = benchmark_setup.resolved_run(args, "cpu")[0]
 tr = step.make_trainer(run.config, sharding.make_mesh(run.config.mesh, jax.devices()[:1]), run.objective(run.config))
-compiled = tr.train_step.lower(jax.eval_shape(tr.init), benchmark._batches(args)[0], jax.random.key(0)).compile()
+compiled = tr.train_step.lower(jax.eval_shape(tr.init), benchmark_setup.random_batches(args)[0], jax.random.key(0)).compile()
 print(json.dumps([os.environ["XLA_FLAGS"], compiled.memory_analysis().temp_size_in_bytes]))
 """
 
@@ -176,8 +177,8 @@ def test_a_failed_checkpoint_writes_unretrieved_futures_are_not_logged():
     return logging.LogRecord("asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1771,
                              "Future exception was never retrieved", None, (type(exc), exc, None))
 
-  assert runtime._from_orbax(record(ValueError(message)))
-  assert not runtime._from_orbax(record(ValueError("OUT_OF_RANGE: Error writing 'x' in /data/store")))
+  assert log_setup._from_orbax(record(ValueError(message)))
+  assert not log_setup._from_orbax(record(ValueError("OUT_OF_RANGE: Error writing 'x' in /data/store")))
 
 
 # What a normal exit does that keeps output, each left for runtime.exit_now to finish: a non-daemon thread

@@ -59,7 +59,7 @@ def test_demo_console_is_quiet_and_verbosity_1_shows_everything(tmp_path):
   loud = _stderr(_demo(tmp_path / "loud", "--verbosity=1"))
   assert "step 1/2  loss" in quiet and "step 2  eval loss" in quiet, quiet[-2000:]
   assert "[tokenizer] trained in" in quiet
-  assert "CPU allocator: mimalloc" in quiet   # the binary re-executed itself with it (mlm_jax/allocator.py)
+  assert "CPU allocator: mimalloc" in quiet   # the binary re-executed itself with it (mlm_jax/runtime/allocator.py)
   assert not any(_found(quiet).values()), _found(quiet)
   assert "INVALID_ARGUMENT" not in quiet and "W0000" not in quiet and "E0000" not in quiet
   assert (tmp_path / "quiet" / "tokenizer" / "spm.train.log").read_text().count("trainer_interface.cc") > 10

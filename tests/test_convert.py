@@ -195,8 +195,8 @@ def test_modernbert_folder_round_trip_through_the_tool(tmp_path, spm, capsys):
 
 
 def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
-  """checkpoint.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
-  from mlm_jax.workdir import checkpoints, files as workdir_files
+  """restore.restore_params (config.init_from) reads the from_hf checkpoint in a fresh manager."""
+  from mlm_jax.workdir import files as workdir_files
   from mlm_jax.model.encoder import abstract_model
   model = _hf_model("xlm-roberta")
   src = _save_hf(model, tmp_path / "hf")
@@ -206,20 +206,20 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   assert config.init_from == str(out) and config.data.tokenizer == summary["tokenizer"]
   assert summary["train_flags"] == [f"--config.init_from={out}"] and not summary["fresh_head"]
   _, abstract = abstract_model(config.model)
-  params, _ = checkpoints.restore_params(str(out), checkpoints.single_device(abstract))
+  params, _ = restore.restore_params(str(out), restore.single_device(abstract))
   ref = model.state_dict()["roberta.embeddings.word_embeddings.weight"].numpy()
   np.testing.assert_array_equal(np.asarray(params["word_embeddings"][...]), ref)
   # NSP / SOP on top of a source without a pooler and sentence head (a *ForMaskedLM): those start fresh
   nsp = config.model.copy_and_resolve_references()
   nsp.use_pooler = nsp.sentence_head = True
   _, abstract = abstract_model(nsp)
-  abstract = checkpoints.single_device(abstract)
-  with pytest.raises(checkpoints.CheckpointError, match="has no array params.pooler_bias"):
+  abstract = restore.single_device(abstract)
+  with pytest.raises(restore.CheckpointError, match="has no array params.pooler_bias"):
     restore.restore_params_for(str(out), nsp, abstract)
   for scan in (False, True):   # True: the source's layers are restacked on the way in
     nsp.scan_layers = scan
     _, abstract = abstract_model(nsp)
-    abstract = checkpoints.single_device(abstract)
+    abstract = restore.single_device(abstract)
     fresh = jax.tree.map(lambda a: np.full(a.shape, 0.5, a.dtype), abstract)
     got = restore.restore_params_for(str(out), nsp, abstract, fresh=fresh)
     assert jax.tree.structure(got) == jax.tree.structure(abstract)

@@ -111,7 +111,7 @@ def describe(component: list[str], edges: dict[str, set[str]]) -> str:
 # The layers, lowest first; a module may import its own layer and the ones before it. Layers that share
 # a rank (objectives, data) may not import each other. `mlm_jax` itself (__init__.py) is a leaf.
 LAYERS = (
-    ("leaves", ("mlm_jax", "mlm_jax.errors", "mlm_jax.runtime", "mlm_jax.allocator", "mlm_jax.paths"), 0),
+    ("leaves", ("mlm_jax", "mlm_jax.errors", "mlm_jax.runtime", "mlm_jax.paths"), 0),
     ("config", ("mlm_jax.config",), 1),
     ("model", ("mlm_jax.model",), 2),
     ("objectives", ("mlm_jax.objectives",), 3),

@@ -122,7 +122,7 @@ def test_init_from_restacks_a_checkpoint_of_the_other_layout(tmp_path, unscanned
   (tmp_path / "config.json").write_text(json.dumps(dict(model=_cfg().to_dict())))
   scanned_cfg = _cfg(scan_layers=True)
   _, abstract = abstract_model(scanned_cfg)
-  params = restore.restore_params_for(str(tmp_path), scanned_cfg, checkpoints.single_device(abstract))
+  params = restore.restore_params_for(str(tmp_path), scanned_cfg, restore.single_device(abstract))
   forward = lambda cfg: jax.jit(lambda p, *inputs: _model(cfg, p)(*inputs))   # one compile, not one per op
   ids, seg, pos = _inputs()
   np.testing.assert_allclose(np.asarray(forward(scanned_cfg)(params, ids, seg, pos)),

@@ -226,7 +226,7 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   import jax
   import numpy as np
   from flax import nnx
-  from mlm_jax.workdir import checkpoints, files as workdir_files
+  from mlm_jax.workdir import files as workdir_files
   from mlm_jax.evaluation import fill_mask
   from mlm_jax.model import tree_paths
   from mlm_jax.model.encoder import abstract_model
@@ -238,7 +238,8 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   out = tmp_path / "hf"
   summary = folders.to_hf(str(electra_run), str(out))
   assert summary["step"] == 12 and "generator/model.safetensors" in summary["files"]
-  config, params, _ = electra_towers.restore_pair(str(electra_run))
+  config = workdir_files.config_at(str(electra_run))
+  _, params, _ = restore.restore_objective(str(electra_run), config)   # the pair
   pair = nnx.merge(electra_model.abstract_pair(config)[0], params)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(str(electra_run), config))
   ids = [tok.bos_id] + tok.encode("The list is returned, and the <mask> is sorted in place.") + [tok.eos_id]
@@ -258,7 +259,7 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   # The moving average of both towers (train.ema_decay) exports through the same ELECTRA converter.
   ema_out = tmp_path / "hf_ema"
   assert folders.to_hf(str(electra_run), str(ema_out), ema=True)["step"] == 12
-  _, ema, _ = electra_towers.restore_pair(str(electra_run), ema=True)
+  _, ema, _ = restore.restore_objective(str(electra_run), config, item="ema")
   from safetensors.numpy import load_file
   flats = electra_towers.tower_flats(ema, config)
   for kind, sub in ((electra_towers.DISCRIMINATOR, "discriminator"), (electra_towers.GENERATOR, "generator")):
@@ -274,7 +275,7 @@ def test_electra_run_exports_both_towers_and_init_from_takes_the_discriminator(e
   # What `mlm_jax.finetune --init_from=RUN` restores: the discriminator, nothing of the generator.
   ft_cfg = workdir_files.read_config(str(electra_run)).model
   ft_cfg.mlm_head = False
-  abstract = checkpoints.single_device(abstract_model(ft_cfg)[1])
+  abstract = restore.single_device(abstract_model(ft_cfg)[1])
   restored = restore.restore_params_for(str(electra_run), ft_cfg, abstract)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(params["discriminator"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=tree_paths.path_name(path))
@@ -329,7 +330,7 @@ def test_electra_run_logs_what_its_batches_and_checkpoints_give(electra_run, sha
 
   evaluation = inputs.make_input(config, objective_class.input_kind, tok, "eval")
   for step in (6, 12):
-    _, params, _ = electra_towers.restore_pair(str(electra_run), step)
+    _, params, _ = restore.restore_objective(str(electra_run), config, step)
     outs = [jax.device_get(forward(params, {k: jnp.asarray(v) for k, v in next(evaluation).items()}))
             for _ in range(config.train.eval_batches)]
     evaluation.rewind()   # every evaluation reads the split's first batches

@@ -5,7 +5,7 @@
 
 Each positional argument is a variant of --config: `:NAME` adds a config variant (FILE:NAME), and
 `section.field=VALUE[,section.field=VALUE]` sets fields. Every step is compiled first; then, `--rounds`
-times, each step runs `--steps` steps on the same random rows (benchmark.py's), the order reversed every
+times, each step runs `--steps` steps on the same random rows (benchmark_setup.py's), the order reversed every
 other round, so a machine whose speed drifts slows every variant alike. Prints, per variant, the median
 tokens/s over the rounds and the median of its per-round ratio to the base's tokens/s, XLA's count of the
 compiled step's FLOPs and bytes accessed against the base's (what the load of the machine cannot move), and the tokens/s
@@ -21,7 +21,8 @@ import json
 import statistics
 import time
 
-import benchmark   # beside this file
+import benchmark_setup   # beside this file
+from mlm_jax import runtime
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -64,10 +65,10 @@ def _trainer(args, spec: str):
   one = argparse.Namespace(config=f"{base_file}:{variant}" if variant else base_file, vocab=args.vocab,
                            dtype="float32", max_predictions=0, steps=args.steps, warmup=args.warmup, devices=1,
                            seq_len=None, batch=None, dropout=None, matmul=None)
-  run, _ = benchmark._config(benchmark.with_config(one, overrides), jax.devices()[0].platform)
+  run, _ = benchmark_setup.resolved_run(benchmark_setup.with_config(one, overrides), jax.devices()[0].platform)
   c = run.config
   tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), run.objective(c))
-  batches = [jax.device_put(b, tr.batch_sharding) for b in benchmark._batches(one)]
+  batches = [jax.device_put(b, tr.batch_sharding) for b in benchmark_setup.random_batches(one)]
   state, key = tr.init(), jax.random.key(0)
   compiled = tr.train_step.lower(state, batches[0], key).compile()
   step = lambda *a: compiled(*a, tr.train_step.values)
@@ -83,7 +84,7 @@ def _trainer(args, spec: str):
 def main(argv) -> None:
   import jax
   args = _parse(argv)
-  benchmark.runtime.memory_policy()   # as the training binary does on CPU
+  runtime.memory_policy()   # as the training binary does on CPU
   names = ["base"] + args.variants
   t0 = time.perf_counter()
   runs = {name: _trainer(args, "" if name == "base" else name) for name in names}

@@ -173,5 +173,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/allocator.py), before jax is imported
+  runtime.choose_allocator()   # on CPU: re-executes under mimalloc (mlm_jax/runtime/allocator.py), before jax is imported
   runtime.exit_now(main())

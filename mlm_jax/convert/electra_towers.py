@@ -14,9 +14,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from mlm_jax.workdir import checkpoints
 from mlm_jax.model import scan_layout
-from mlm_jax.workdir import files as workdir_files
+from mlm_jax.workdir import files as workdir_files, restore
 from mlm_jax.convert import bert, tokenizer_files
 from mlm_jax.errors import ConversionError
 from mlm_jax.objectives import electra_model
@@ -110,21 +109,13 @@ def state_dict(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, k
   return out
 
 
-def restore_pair(workdir: str, step: int | None = None, ema: bool = False):
-  """(config, pair params on one device, step) of an ELECTRA workdir (`ema`: their moving average)."""
-  config = workdir_files.config_at(workdir, step)
-  _, abstract = electra_model.abstract_pair(config)
-  params, step = checkpoints.restore_params(workdir, checkpoints.single_device(abstract), step,
-                                            item="ema" if ema else "params")
-  return config, params, step
-
-
 def to_hf(workdir: str, out: str, step: int | None = None, ema: bool = False) -> dict:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM) of the parameters
   (`ema`: of their moving average); `out` is checked by the caller (folders.to_hf, through the objective's
   `to_hf`)."""
   from safetensors.numpy import save_file
-  config, params, step = restore_pair(workdir, step, ema)
+  config = workdir_files.config_at(workdir, step)
+  _, params, step = restore.restore_objective(workdir, config, step, item="ema" if ema else "params")   # the pair
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), config.model.vocab_size)
   cfgs = {DISCRIMINATOR: electra_model.discriminator_config(config), GENERATOR: electra_model.generator_config(config)}
   hcfgs = {kind: hf_config(cfg, kind, tok) for kind, cfg in cfgs.items()}   # every check before writing

@@ -40,12 +40,13 @@ def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
   objective = registry.for_config(config)
   path, mcfg = objective.masked_lm(config)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), mcfg.vocab_size)
+  from flax import nnx
   if not path:
     _refuse_discriminator(mcfg, workdir)
     graphdef, params, step = restore.restore_model(workdir, mcfg, step)
-    from flax import nnx
     return MaskedLM(nnx.merge(graphdef, params), tok, mcfg, f"{workdir} (step {step})", objective.prediction_shift)
-  module, step = restore.restore_objective_model(workdir, config, step)
+  graphdef, params, step = restore.restore_objective(workdir, config, step)
+  module = nnx.merge(graphdef, params)
   for name in path.split("."):
     module = getattr(module, name)
   return MaskedLM(module, tok, mcfg, f"{workdir} ({objective.__name__} {path}, step {step})",

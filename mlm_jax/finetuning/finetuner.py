@@ -21,7 +21,7 @@ from mlm_jax.model import flops, sharding
 from mlm_jax.tasks import task as task_lib
 from mlm_jax.tasks.features import pad_rows
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
-from mlm_jax.workdir import checkpoints, files as workdir_files, lock, restore
+from mlm_jax.workdir import files as workdir_files, lock, restore
 
 
 class Batches:
@@ -90,7 +90,7 @@ class TaskEvaluator:
 
   def finish(self, workdir: str, abstract_params) -> dict:
     """Scores and predictions of the best checkpoint on disk (even if the run died right after saving it)."""
-    params, best_step = checkpoints.restore_params(os.path.join(workdir, "best"), abstract_params)
+    params, best_step = restore.restore_params(os.path.join(workdir, "best"), abstract_params)
     ev, pred = self.predict(params)
     path = os.path.join(workdir, task_lib.PREDICTIONS_FILE[self.task.kind])
     result = dict(best_step=best_step, best_metric=self.best_name, predictions=path, **ev)
@@ -106,7 +106,7 @@ class TaskEvaluator:
 def score_more(evaluator: TaskEvaluator, config, tok, workdir: str, abstract_params, extra_evals: dict) -> dict:
   """{name: scores} of the best checkpoint on more eval sets ({name: files}: a test split, other
   languages), each split as the task's own eval set (task.build_eval)."""
-  params, _ = checkpoints.restore_params(os.path.join(workdir, "best"), abstract_params)
+  params, _ = restore.restore_params(os.path.join(workdir, "best"), abstract_params)
   out = {}
   for name, eval_files in extra_evals.items():
     task = task_lib.build_eval(config.task, eval_files, tok, config.seq_len, config.model.type_vocab_size,
@@ -136,7 +136,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | 
   make_model = lambda: heads.TaskModel(mcfg, kind, task.num_labels, seed=config.seed, head_dropout=config.head_dropout)
   trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), heads.TaskObjective(kind),
                                      make_model=make_model)
-  abstract = checkpoints.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
+  abstract = restore.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
 
   def init_state():
     state = trainer.init()

@@ -87,3 +87,15 @@ def accelerator_spec(device_kind: str) -> tuple[int, float] | None:
     return ACCELERATORS[device_kind]
   known = [k for k in ACCELERATORS if device_kind.lower().startswith(k.lower())]
   return ACCELERATORS[max(known, key=len)] if known else None
+
+
+def peak_flops(config: ml_collections.ConfigDict) -> float:
+  """Peak FLOP/s of all devices (MFU's denominator in the training log): config override, a known
+  accelerator's peak, or measured on CPU (a matmul in the model's compute dtype: a bfloat16 model's MFU
+  is against the CPU's bfloat16 rate)."""
+  import jax
+  per = config.train.peak_tflops_per_device * 1e12
+  if not per:
+    spec = accelerator_spec(jax.devices()[0].device_kind)
+    per = spec[1] if spec else measure_matmul_peak(n=1024, repeats=3, dtype=config.model.dtype)
+  return per * jax.device_count()

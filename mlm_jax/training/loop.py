@@ -5,24 +5,26 @@ with one host sync per `log_every`, evaluation and probes, checkpoints with the 
 and preemption (SIGTERM on any host: every host saves one agreed step and stops;
 training/preemption.py). What each cadence does: docs/design_notes.md#loop.
 It also accounts the run's wall time (goodput, workdir/goodput.py) and traces `train.profile_steps`.
+What a log line holds and the non-finite policy: training/log_interval.py; train.best_metric's copy of the
+best parameters: training/best_checkpoint.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Callable, Protocol
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
 from mlm_jax import runtime
-from mlm_jax.errors import ConfigError, PeerLost, UserError
-from mlm_jax.model import flops, sharding
+from mlm_jax.errors import PeerLost, UserError
+from mlm_jax.model import sharding
 from mlm_jax.training import preemption, profiling
-from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput
+from mlm_jax.training.best_checkpoint import BestCheckpoint
+from mlm_jax.training.log_interval import LogInterval
+from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput, restore
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
 
@@ -37,30 +39,6 @@ class Input(Protocol):
 
 
 Evaluator = Callable[[Any, int], dict]   # (params, step) -> held-out metrics {"eval_...": float}
-
-
-class _Best:
-  """The best parameters by one eval metric (higher is better) in WORKDIR/best; its progress is saved
-  with every checkpoint, so a resumed run keeps comparing against the same best."""
-
-  def __init__(self, workdir: str, metric: str):
-    self.metric, self.value, self.step = metric, None, None
-    self.checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "best"), keep=1)
-
-  def update(self, state, step: int, metrics: dict) -> None:
-    value = metrics.get(self.metric)
-    if value is None:
-      raise ConfigError(f"train.best_metric={self.metric[5:]!r} is not an eval metric of this run: "
-                        f"{', '.join(k[5:] for k in metrics)}")
-    if self.value is None or value > self.value:
-      self.value, self.step = value, step
-      self.checkpointer.save(step, {"params": state.params}, self.get_state())
-
-  def get_state(self) -> dict:
-    return dict(best=self.value, best_step=self.step)
-
-  def set_state(self, state: dict) -> None:
-    self.value, self.step = state.get("best"), state.get("best_step")
 
 
 @dataclasses.dataclass
@@ -80,7 +58,7 @@ class Loop:
   preempted: bool = False                # after run(): whether preemption ended it
   stopped_at: int = 0                    # after run(): the last step trained (and saved, when preempted)
   _phase: Any = None                     # the current phase's PhaseParts
-  _best: Any = None                      # _Best, when best_metric is set (made by run())
+  _best: Any = None                      # BestCheckpoint, when best_metric is set (made by run())
 
   @property
   def train_config(self) -> ml_collections.ConfigDict:
@@ -112,7 +90,7 @@ class Loop:
     t = self.train_config
     gp = self._goodput = goodput.Recorder(self.workdir, enabled=jax.process_index() == 0)
     checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
-    self._best = _Best(self.workdir, self.best_metric) if self.best_metric else None
+    self._best = BestCheckpoint(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
     base = self.phases.configs[-1] if self.phases is not None else self.trainer.config   # phases: the last one's
     workdir_files.write_config(self._config_as_run(base), self.workdir)
@@ -163,16 +141,16 @@ class Loop:
       if self.phases is not None:
         self._enter_phase(self.phases.index_at(0), None)
       return state
-    abstract = checkpoints.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
+    abstract = restore.abstract_with_shardings(jax.eval_shape(self.trainer.init), self.trainer.state_sharding)
     with self._goodput.phase("restore"):
       if source is not None:
         try:
-          state, saved = source.restore(latest, abstract)
+          state, saved = restore.restore_state(source, latest, abstract)
         finally:
           source.close()
       else:
-        latest, state, saved = checkpointer.restore_newest(
-            abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
+        latest, state, saved = restore.restore_newest(
+            checkpointer, abstract, self.train_config.get("on_corrupt_checkpoint", "fallback"))
     if self.phases is not None:
       self._enter_phase(self.phases.index_at(latest), saved)
     else:
@@ -229,7 +207,7 @@ class Loop:
     if self.probe is not None and t.eval_at_start and start == 0:
       with gp.phase("probe"):
         self._probe(state, 0, writer)
-    log = _Interval(self, start)
+    log = LogInterval(self, start, gp)
     last, step, m = {}, start, None
     prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
     end = self.end_step
@@ -298,73 +276,3 @@ class Loop:
 def _every(step: int, interval: int) -> bool:
   """Whether `step` is on an interval's cadence; 0 (or less) means never (the last step still counts)."""
   return interval > 0 and step % interval == 0
-
-
-class _Interval:
-  """Metric sums of one log interval, kept on device until the interval is logged."""
-
-  def __init__(self, loop: Loop, start: int):
-    self.loop, self.start, self.t_start = loop, start, time.perf_counter()
-    self.peak = peak_flops(loop.trainer.config)   # measured once per run on CPU
-    self.bad_in_a_row = 0
-    self.restart()
-
-  def restart(self) -> None:
-    self.sums, self.since, self.input_seconds, self.t0 = None, 0, 0.0, time.perf_counter()
-
-  def add(self, metrics) -> None:
-    self.sums = metrics if self.sums is None else jax.tree.map(jnp.add, self.sums, metrics)
-    self.since += 1
-
-  def flush(self, step: int, writer: MetricsWriter) -> dict:
-    loop, t = self.loop, self.loop.train_config
-    host, since = jax.device_get(self.sums), self.since
-    now = time.perf_counter()
-    seconds = max(now - self.t0, 1e-9)
-    examples_per_sec = since * t.batch_size / seconds
-    tokens_per_sec = examples_per_sec * loop.tokens_per_example
-    slots = since * t.batch_size * loop.tokens_per_example
-    real = float(host["real_tokens"]) if "real_tokens" in host else slots
-    real_tokens_per_sec = real / seconds
-    objective = loop.trainer.objective
-    line = dict(step=step, **objective.summarize(host), **getattr(loop.input, "metrics", dict)(),
-                **getattr(objective, "schedule_values", lambda s: {})(step - 1),   # the last step's
-                learning_rate=float(host["learning_rate"]) / since, grad_norm=float(host["grad_norm"]) / since,
-                tokens_per_sec=tokens_per_sec, examples_per_sec=examples_per_sec,
-                real_tokens_per_sec=real_tokens_per_sec, real_fraction=real / max(slots, 1),
-                mfu=flops.mfu(real_tokens_per_sec, loop.flops_per_token, self.peak),
-                input_wait_fraction=min(self.input_seconds / seconds, 1.0), goodput=loop._goodput.fraction(),
-                skipped_nonfinite=int(round(since - float(host["finite"]))))
-    if loop.phase_name:
-      line["phase"] = loop.phase_name
-    end = loop.end_step
-    eta = (end - step) * (now - self.t_start) / max(step - self.start, 1)
-    writer.write(line)
-    logging.info("step %d/%d%s  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
-                 end, f" [{loop.phase_name}]" if loop.phase_name else "", loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
-                 100 * line["real_fraction"], 100 * line["mfu"],
-                 100 * line["input_wait_fraction"], time.strftime("%H:%M:%S", time.gmtime(eta)))
-    self._check_finite(line, step)
-    self.restart()
-    return line
-
-  def _check_finite(self, line: dict, step: int) -> None:
-    t, skipped = self.loop.train_config, line["skipped_nonfinite"]
-    if skipped and t.nonfinite == "stop":
-      raise UserError(f"non-finite loss or gradient at step <= {step} (train.nonfinite='stop'); the last "
-                      "checkpoint is intact. Lower optimizer.learning_rate or set train.nonfinite='skip'")
-    # Skipped steps in a row (as far as log intervals tell): a run that only skips has diverged.
-    self.bad_in_a_row = self.bad_in_a_row + self.since if skipped == self.since else skipped
-    if self.bad_in_a_row >= t.max_consecutive_nonfinite:
-      raise UserError(f"{self.bad_in_a_row} consecutive non-finite steps up to step {step}: training diverged; "
-                      "the last checkpoint is intact. Lower optimizer.learning_rate")
-
-
-def peak_flops(config: ml_collections.ConfigDict) -> float:
-  """Peak FLOP/s of all devices: config override, a known accelerator's peak, or measured on CPU (a matmul in
-  the model's compute dtype: a bfloat16 model's MFU is against the CPU's bfloat16 rate)."""
-  per = config.train.peak_tflops_per_device * 1e12
-  if not per:
-    spec = flops.accelerator_spec(jax.devices()[0].device_kind)
-    per = spec[1] if spec else flops.measure_matmul_peak(n=1024, repeats=3, dtype=config.model.dtype)
-  return per * jax.device_count()

@@ -188,13 +188,13 @@ def fresh_or_init_from(trainer: Trainer) -> Callable[[], TrainState]:
   """The loop's state for a run without a checkpoint: initialized, with the parameters of the
   `init_from` source's encoder when the config names one (the optimizer and data start fresh)."""
   from absl import logging
-  from mlm_jax.workdir import checkpoints, restore
+  from mlm_jax.workdir import restore
   config = trainer.config
 
   def init_state() -> TrainState:
     state = trainer.init()
     if config.init_from:
-      abstract = checkpoints.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
+      abstract = restore.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
       params = restore.restore_params_for(config.init_from, config.model, abstract.params, fresh=state.params)
       state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params) if state.ema is not None else None)
       logging.info("initialized parameters from %s", config.init_from)

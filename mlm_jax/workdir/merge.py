@@ -10,12 +10,10 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from mlm_jax import paths
 from mlm_jax.errors import CheckpointError
-from mlm_jax.objectives import registry
-from mlm_jax.workdir import checkpoints, files
+from mlm_jax.workdir import checkpoints, files, restore
 
 # How to run a model, not what it is: merged models may differ in these.
 _RUN_FIELDS = ("dtype", "param_dtype", "attention_impl", "hidden_dropout", "attention_dropout", "remat", "matmul")
@@ -59,9 +57,7 @@ def check_same(configs: list, workdirs: list) -> None:
 
 
 def _params(workdir: str, config, step: int):
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: registry.for_config(config).make_model(config)), nnx.Param)
-  del graphdef
-  return checkpoints.restore_params(workdir, checkpoints.single_device(abstract), step)[0]
+  return restore.restore_objective(workdir, config, step)[1]
 
 
 def mean_params(trees: list, weights: list[float]):

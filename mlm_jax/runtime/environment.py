@@ -1,0 +1,62 @@
+"""The process's environment, set before jax or TensorFlow is imported: the platform, the libraries' log
+levels and XLA:CPU's flags, from absl's --verbosity read early from argv (docs/design_notes.md#runtime)."""
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+_VERBOSITY: list[int] = []
+
+# XLA:CPU orders a step for the least memory instead of the most parallel thunks: fewer live
+# temporaries at the same speed (docs/design_notes.md#runtime). Process-wide: XLA reads it from
+# XLA_FLAGS when the backend starts. Added unless the user's XLA_FLAGS names the flag; only XLA's
+# CPU compiler reads it.
+CPU_XLA_FLAGS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+
+
+def verbosity(argv: list[str] | None = None) -> int:
+  """absl's --verbosity (or -v / --v) from argv, 0 when absent."""
+  argv = sys.argv if argv is None else argv
+  for i, a in enumerate(argv):
+    for name in ("--verbosity", "--v", "-v"):
+      if a == name and i + 1 < len(argv):
+        a = f"{name}={argv[i + 1]}"
+      if a.startswith(name + "="):
+        try:
+          return int(a.split("=", 1)[1])
+        except ValueError:
+          return 0
+  return 0
+
+
+def accelerator_present() -> bool:
+  """Whether this host has TPU or GPU hardware JAX could use (device files, or a TPU VM's env)."""
+  tpu = glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*") or os.environ.get("TPU_ACCELERATOR_TYPE")
+  gpu = glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")
+  return bool(tpu or gpu)
+
+
+def configure(argv: list[str] | None = None) -> int:
+  """Environment for a quiet, correct process; call before importing jax or tensorflow. Returns verbosity."""
+  if _VERBOSITY:
+    return _VERBOSITY[0]
+  v = verbosity(argv)
+  _VERBOSITY.append(v)
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  for flag in CPU_XLA_FLAGS:
+    if flag.split("=")[0] not in xla_flags:
+      xla_flags = f"{xla_flags} {flag}".strip()
+  os.environ["XLA_FLAGS"] = xla_flags
+  if v >= 1:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+    return v
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  if "JAX_PLATFORMS" not in os.environ and not accelerator_present():
+    os.environ["JAX_PLATFORMS"] = "cpu"
+  return v
+
+
+def quiet() -> bool:
+  return configure() < 1
