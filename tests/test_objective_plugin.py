@@ -22,8 +22,8 @@ class HalfWeightMLM(MLM):
   """MLM whose loss counts half, reporting the masked rows of each batch: a researcher's variant that
   overrides only what differs from MLM (its metric's name is its own: the step writes real_tokens)."""
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    loss, sums = super().loss_sums(model, batch, dropout_key, activation_sharding)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    loss, sums = super().loss_sums(model, batch, dropout_key, activation_sharding, values)
     return 0.5 * loss, dict(sums, rows_seen=(batch["segment_ids"] > 0).any(-1).sum().astype(jnp.float32))
 
   def summarize(self, sums) -> dict:
@@ -98,7 +98,7 @@ def test_the_plugin_loss_is_the_one_differentiated():
     mesh = sharding.make_mesh(run.config.mesh, devices=jax.devices()[:1])
     trainer = trainer_lib.make_trainer(run.config, mesh, run.objective(run.config))
     batch = sharding.global_batch(RandomRows().batch(0), trainer.batch_sharding)
-    _, m = trainer.train_step(trainer.init(), batch, jax.random.key(0))
+    _, m = trainer.train_step(trainer.init(), batch, jax.random.key(0), trainer.values)
     norms[name] = float(m["grad_norm"])
   assert norms[SPEC] == pytest.approx(0.5 * norms["mlm"], rel=1e-4), norms
 

@@ -18,11 +18,12 @@ def eval_key(seed: int):
   return jax.random.fold_in(jax.random.key(seed), EVAL_KEY_SALT)
 
 
-def summed(objective, eval_step: Callable, params, batches: Iterable[dict], key) -> dict:
-  """`eval_step(params, batch, key)` summed over `batches`, on the host; an error when nothing was scored."""
+def summed(objective, eval_step: Callable, params, batches: Iterable[dict], key, values=None) -> dict:
+  """`eval_step(params, batch, key, values)` summed over `batches`, on the host; an error when nothing was
+  scored. `values`: the step values (config/step_values.py; None: the config's constants)."""
   sums = None
   for batch in batches:
-    s = eval_step(params, batch, key)
+    s = eval_step(params, batch, key, values)
     sums = s if sums is None else jax.tree.map(jnp.add, sums, s)
   host = jax.device_get(sums) if sums is not None else None
   if host is None or host[objective.count_key] == 0:
@@ -71,7 +72,8 @@ class HeldOut:
   def _rates(self, params, pipeline) -> dict:
     try:
       objective = self.trainer.objective
-      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(pipeline), self.key))
+      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(pipeline), self.key,
+                                       self.trainer.values))
     finally:
       pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
 

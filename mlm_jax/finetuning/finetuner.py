@@ -79,7 +79,8 @@ class TaskEvaluator:
     outs = []
     for b in range(0, len(self.arrays["weight"]), self.batch_size):
       local = _local_rows(self.arrays, np.arange(b, b + self.batch_size))
-      out = self.trainer.eval_step(params, sharding.global_batch(local, self.trainer.batch_sharding), None)
+      out = self.trainer.eval_step(params, sharding.global_batch(local, self.trainer.batch_sharding), None,
+                                   self.trainer.values)
       outs.append(jax.device_get(out))
     joined = jax.tree.map(lambda *xs: np.concatenate(xs)[:self.rows], *outs)
     scores, pred = self.task.score(joined)

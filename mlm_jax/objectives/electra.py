@@ -14,7 +14,6 @@ import optax
 
 from mlm_jax.model import flops, encoder
 from mlm_jax.objectives import masking
-from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError, ConversionError
 from mlm_jax.objectives import sparse_loss
 from mlm_jax.objectives.electra_model import (ElectraPair, corrupt, discriminator_config, generator_config,
@@ -105,24 +104,24 @@ class Electra(MLM):
     super().__init__(config)
     self.disc_weight = float(config.electra.disc_weight)
 
-  def prepare(self, batch, key, step=None):
-    """MLM's masking (at the scheduled mask rate for `step`) plus per-example sampling seeds."""
+  def prepare(self, batch, key, step=None, values=None):
+    """MLM's masking (at the step's or the scheduled mask rate for `step`) plus per-example sampling seeds."""
     mask_key, sample_key = jax.random.split(key)
-    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
-    out = masking.mask_batch(batch, mask_key, self.masking, self.vocab_size, rate=rate)
+    out = masking.mask_batch(batch, mask_key, self.masking, self.vocab_size, rate=self.mask_rate_at(step, values))
     rows = jnp.arange(batch["input_ids"].shape[0])
     out["original_ids"] = batch["input_ids"]
     out["sample_seeds"] = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(sample_key, i)))(rows)
     return out
 
-  def forward(self, pair: ElectraPair, batch, dropout_key=None, activation_sharding=None):
+  def forward(self, pair: ElectraPair, batch, dropout_key=None, activation_sharding=None, values=None):
     """Everything the loss needs, as a dict (also what the tests compare with transformers)."""
     gen, disc = pair.generator, pair.discriminator
     gen_key = disc_key = None
     if dropout_key is not None:
       gen_key, disc_key = jax.random.split(dropout_key)
     seg, pos, tt = batch["segment_ids"], batch["positions"], batch.get("token_type_ids")
-    hidden = gen(batch["input_ids"], seg, pos, tt, dropout_key=gen_key, activation_sharding=activation_sharding)
+    hidden = gen(batch["input_ids"], seg, pos, tt, dropout_key=gen_key, activation_sharding=activation_sharding,
+                 step_values=values)
     y = gen.mlm_transform(sparse_loss.gather_slots(hidden, batch["masked_positions"]))
     mlm = sparse_loss.mlm_sums(y, gen.word_embeddings[...], gen.decoder_bias[...], batch["masked_labels"],
                               batch["masked_weights"], gen.matmul_mode)
@@ -135,7 +134,8 @@ class Electra(MLM):
     corrupted, replaced = corrupt(batch["original_ids"], batch["masked_positions"], batch["masked_weights"], sampled)
     real = (seg != 0).astype(jnp.float32)
     labels = replaced.astype(jnp.float32) * real
-    hidden_d = disc(corrupted, seg, pos, tt, dropout_key=disc_key, activation_sharding=activation_sharding)
+    hidden_d = disc(corrupted, seg, pos, tt, dropout_key=disc_key, activation_sharding=activation_sharding,
+                    step_values=values)
     disc_logits = pair.rtd_head(hidden_d, disc.dtype)
     bce = optax.sigmoid_binary_cross_entropy(disc_logits, labels)
     said = (disc_logits > 0).astype(jnp.float32) * real   # "replaced", at threshold 0
@@ -147,15 +147,15 @@ class Electra(MLM):
                 sampled_correct_sum=sampled_correct.sum())
     return dict(sums=sums, sampled=sampled, corrupted=corrupted, labels=labels, disc_logits=disc_logits, real=real)
 
-  def loss_sums(self, pair, batch, dropout_key, activation_sharding=None):
-    sums = self.forward(pair, batch, dropout_key, activation_sharding)["sums"]
+  def loss_sums(self, pair, batch, dropout_key, activation_sharding=None, values=None):
+    sums = self.forward(pair, batch, dropout_key, activation_sharding, values)["sums"]
     ratio = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_tokens"], 1.0))
     return self.lm_loss(sums) + self.disc_weight * ratio * sums["disc_loss_sum"], sums
 
-  def evaluate(self, pair, batch, key, activation_sharding=None):
+  def evaluate(self, pair, batch, key, activation_sharding=None, values=None):
     """The step's sums plus histograms of the discriminator's logits on replaced and on kept tokens,
     from which `summarize_eval` computes the AUC (held-out evaluations add them up exactly)."""
-    out = self.forward(pair, self.prepare(batch, key), None, activation_sharding)
+    out = self.forward(pair, self.prepare(batch, key, None, values), None, activation_sharding, values)
     replaced, kept = out["labels"], out["real"] * (1.0 - out["labels"])
     return dict(out["sums"], disc_logit_hist_replaced=logit_histogram(out["disc_logits"], replaced),
                 disc_logit_hist_kept=logit_histogram(out["disc_logits"], kept))

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError
 from mlm_jax.model import flops
 from mlm_jax.objectives import masking, sparse_loss
@@ -96,11 +95,11 @@ class GptBert(MLM):
     self.accum = max(1, int(config.optimizer.grad_accum_steps))
     self.micro_rows, self.causal_rows = micro_rows(config), causal_rows(config)
 
-  def prepare(self, batch, key, step=None):
+  def prepare(self, batch, key, step=None, values=None):
     """MLM's masking (at the scheduled rate for `step`), then the last `causal_rows` rows of each microbatch
     back to their original tokens (causal rows are not masked; their masked slots are never read)."""
-    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
-    out = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate))
+    out = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size,
+                                            rate=self.mask_rate_at(step, values)))
     if self.causal_rows:
       out["input_ids"] = jnp.where(self._causal(batch["input_ids"].shape[0], self.accum)[:, None],
                                    batch["input_ids"], out["input_ids"])
@@ -112,11 +111,11 @@ class GptBert(MLM):
     per = rows // microbatches
     return jnp.arange(rows) // microbatches >= per - self.causal_rows
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
     rows, k = batch["input_ids"].shape[0], self.causal_rows
     hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
                    dropout_key=dropout_key, activation_sharding=activation_sharding,
-                   causal=self._causal(rows) if k else None)
+                   causal=self._causal(rows) if k else None, step_values=values)
     m = rows - k
     sums = mntp_sums(model, hidden[:m], {n: batch[n][:m] for n in ("masked_positions", "masked_labels",
                                                                    "masked_weights")})
@@ -129,13 +128,16 @@ class GptBert(MLM):
     causal_loss = causal["clm_loss_sum"] + self.z_loss * causal["clm_z_loss_sum"]
     return (1 - c) * self.lm_loss(sums) + c * ratio * causal_loss, sums
 
-  def evaluate(self, model, batch, key, activation_sharding=None):
-    """Every held-out row twice: masked at masking.mask_rate (MNTP), and causal."""
-    masked = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size))
+  def evaluate(self, model, batch, key, activation_sharding=None, values=None):
+    """Every held-out row twice: masked at the step's mask rate (masking.mask_rate: MNTP), and causal."""
+    masked = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size,
+                                               rate=self.mask_rate_at(None, values)))
     args = (batch["segment_ids"], batch["positions"], batch.get("token_type_ids"))
-    sums = mntp_sums(model, model(masked["input_ids"], *args, activation_sharding=activation_sharding), masked)
+    sums = mntp_sums(model, model(masked["input_ids"], *args, activation_sharding=activation_sharding,
+                                  step_values=values), masked)
     rows = batch["input_ids"].shape[0]
-    hidden = model(batch["input_ids"], *args, activation_sharding=activation_sharding, causal=jnp.ones(rows, bool))
+    hidden = model(batch["input_ids"], *args, activation_sharding=activation_sharding, causal=jnp.ones(rows, bool),
+                   step_values=values)
     return dict(sums, **next_token_sums(model, hidden, batch["input_ids"], batch["segment_ids"]))
 
   def summarize(self, sums) -> dict:

@@ -67,13 +67,15 @@ class Objective(Protocol):
 
   def __init__(self, config: Config): ...
 
-  def prepare(self, batch: dict, key, step=None) -> dict:
-    """The on-device input transform (masking), inside the jitted step; `step` is None at eval."""
+  def prepare(self, batch: dict, key, step=None, values=None) -> dict:
+    """The on-device input transform (masking), inside the jitted step; `step` is None at eval. `values`:
+    the step's StepValues (config/step_values.py: the mask rate), None outside a trainer's step."""
 
-  def loss_sums(self, model, batch: dict, dropout_key, activation_sharding=None) -> tuple[Any, dict]:
-    """(summed loss, summed metrics) of a (micro)batch; the step divides by sums[count_key]."""
+  def loss_sums(self, model, batch: dict, dropout_key, activation_sharding=None, values=None) -> tuple[Any, dict]:
+    """(summed loss, summed metrics) of a (micro)batch; the step divides by sums[count_key]. `values`
+    goes to the model's calls (`step_values=`: RoPE theta)."""
 
-  def evaluate(self, model, batch: dict, key, activation_sharding=None) -> dict:
+  def evaluate(self, model, batch: dict, key, activation_sharding=None, values=None) -> dict:
     """The eval step's output (summed metrics), masks from `key`, fixed across evaluations."""
 
   def summarize(self, sums: dict) -> dict:

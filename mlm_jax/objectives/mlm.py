@@ -76,10 +76,14 @@ class MLM:
     self.masking, self.vocab_size = config.masking, config.model.vocab_size
     self.z_loss = z_loss_weight(config)
 
-  def prepare(self, batch, key, step=None):
-    """Masks at masking.mask_rate, or at the schedule's rate for `step` (traced; None at eval)."""
-    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
-    return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate)
+  def mask_rate_at(self, step, values=None):
+    """The schedule's rate for `step` (traced; None at eval), else the step's mask rate (`values`, or
+    masking.mask_rate when None)."""
+    return curricula.mask_rate(self.masking, step, traced=True, rate=None if values is None else values.mask_rate)
+
+  def prepare(self, batch, key, step=None, values=None):
+    """Masks at the step's mask rate, or at the schedule's rate for `step`."""
+    return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=self.mask_rate_at(step, values))
 
   def schedule_values(self, step: int) -> dict:
     if not self.masking.get("mask_rate_schedule", ()):
@@ -87,10 +91,10 @@ class MLM:
     return dict(mask_rate=float(curricula.mask_rate(self.masking, step)))
 
   @staticmethod
-  def hidden_and_sums(model, batch, dropout_key, activation_sharding=None):
+  def hidden_and_sums(model, batch, dropout_key, activation_sharding=None, values=None):
     """(hidden states, MLM metric sums over the prediction slots): what objectives built on MLM extend."""
     hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                   dropout_key=dropout_key, activation_sharding=activation_sharding)
+                   dropout_key=dropout_key, activation_sharding=activation_sharding, step_values=values)
     y = model.mlm_transform(sparse_loss.gather_slots(hidden, batch["masked_positions"]))
     return hidden, sparse_loss.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...],
                                         batch["masked_labels"], batch["masked_weights"], model.matmul_mode)
@@ -99,13 +103,13 @@ class MLM:
     """The LM head's summed loss: cross-entropy, plus loss.z_loss x log(Z)^2 over the same slots (PaLM)."""
     return sums["loss_sum"] + self.z_loss * sums["z_loss_sum"] if self.z_loss else sums["loss_sum"]
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding, values)
     return self.lm_loss(sums), sums
 
-  def evaluate(self, model, batch, key, activation_sharding=None):
+  def evaluate(self, model, batch, key, activation_sharding=None, values=None):
     """Metric sums with masks from `key` (fixed across evaluations, so they are comparable)."""
-    return self.loss_sums(model, self.prepare(batch, key), None, activation_sharding)[1]
+    return self.loss_sums(model, self.prepare(batch, key, None, values), None, activation_sharding, values)[1]
 
   def summarize(self, sums) -> dict:
     n = max(float(sums["num_predictions"]), 1.0)

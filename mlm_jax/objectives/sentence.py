@@ -32,8 +32,8 @@ class MLMWithSentenceHead(MLM):
   def batch_features(cls, seq_len: int) -> dict:
     return dict(super().batch_features(seq_len), token_type_ids=(seq_len,), sentence_labels=())
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    hidden, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    hidden, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding, values)
     weights = (batch["segment_ids"][:, 0] > 0).astype(jnp.float32)
     sums.update(sentence_sums(model.sentence_logits(hidden), batch["sentence_labels"], weights))
     scale = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_pairs"], 1.0))

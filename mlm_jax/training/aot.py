@@ -187,7 +187,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
   trainer = trainer_lib.make_trainer(config, mesh, run.objective(config))
   state, batch, key = abstract_inputs(trainer, config)
   report["state_bytes"] = state_bytes_per_device(state)
-  lowered = trainer.train_step.lower(state, batch, key)
+  lowered = trainer.train_step.lower(state, batch, key, trainer.values)
   try:
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - XLA reports running out of HBM as a compile error
