@@ -91,7 +91,7 @@ def test_auto_is_f32_out_on_cpu_below_float32_only():
 
 def _step(c, devices, batch):
   """(the compiled step's HLO, the loss of one step) of `c` on `devices` devices."""
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:devices]), MLM(c))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:devices]), MLM)
   state = tr.init()
   args = (state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0), tr.values)
   compiled = tr.train_step.lower(*args).compile()

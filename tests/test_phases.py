@@ -325,10 +325,10 @@ def test_a_phase_that_changes_only_theta_and_the_mask_rate_runs_the_compiled_ste
   mesh = sharding.make_mesh(configs[0].mesh, jax.devices()[:1])
   stages = phase_runner.PhaseSet(parsed, list(configs), mesh, MLM, make_io=None)
   a, b, c = (stages.trainer(k) for k in range(3))
-  alone = trainer_lib.make_trainer(configs[1], mesh, MLM(configs[1]), schedule=stages.schedule)
+  alone = trainer_lib.make_trainer(configs[1], mesh, MLM, schedule=stages.schedule)
   assert b.train_step is a.train_step and b.eval_step is a.eval_step
   assert c.train_step is not a.train_step   # another program: compiled when phase c runs
-  params = nnx.state(MLM(configs[0]).make_model(configs[0]), nnx.Param)
+  params = nnx.state(MLM.make_model(configs[0]), nnx.Param)
   sp, lines = textdata.load(shared_data)
   batch = textdata.packed_batches(sp, lines, seq_len=32, max_rows=4)
   ma, mb, m_alone = (jax.device_get(t.eval_step(params, batch, jax.random.key(0), t.values)) for t in (a, b, alone))

@@ -39,11 +39,11 @@ def still():
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
   c.optimizer.update(dict(learning_rate=3e-3, schedule="constant", weight_decay=0.0))
   c.train.steps = 400
-  return trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+  return trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM)
 
 
 def _one_step(c, mesh, batch, tr=None):
-  tr = tr or trainer_lib.make_trainer(c, mesh, MLM(c))
+  tr = tr or trainer_lib.make_trainer(c, mesh, MLM)
   state = tr.init()
   new, metrics = tr.train_step(state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0), tr.values)
   return tr, new, jax.tree.map(np.asarray, metrics)
@@ -104,7 +104,7 @@ def test_grad_accumulation_keeps_each_microbatch_on_every_device():
     c.mesh.update(dict(data=8, fsdp=1, tensor=1))
     c.train.batch_size = 32
     c.optimizer.grad_accum_steps = accum
-    tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:8]), MLM(c))
+    tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:8]), MLM)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(tr.init),
                          tr.state_sharding)
     batch = {k: jax.ShapeDtypeStruct((32, 64), np.int32, sharding=tr.batch_sharding)
@@ -170,7 +170,7 @@ def test_modernbert_config_shrunk_learns(batch):
   c.optimizer.learning_rate = 1e-2
   c.train.update(dict(steps=20, batch_size=8))
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM)
   state = tr.init()
   assert "lead_layers" in state.params and "final_norm" in state.params
   b = jax.device_put(batch, tr.batch_sharding)

@@ -140,7 +140,7 @@ def _timed_steps(run, mesh, batches, args) -> dict:
   import jax
   from mlm_jax.training import trainer as trainer_lib
   t0 = time.perf_counter()
-  tr = trainer_lib.make_trainer(run.config, mesh, run.objective(run.config))
+  tr = trainer_lib.make_trainer(run.config, mesh, run.objective)
   state = tr.init()
   batches = [jax.device_put(x, tr.batch_sharding) for x in batches]
   key = jax.random.key(0)

@@ -66,7 +66,7 @@ def _trainer(args, spec: str):
                            seq_len=None, batch=None, dropout=None, matmul=None)
   run, _ = benchmark._config(benchmark.with_config(one, overrides), jax.devices()[0].platform)
   c = run.config
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), run.objective(c))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), run.objective)
   batches = [jax.device_put(b, tr.batch_sharding) for b in benchmark._batches(one)]
   state, key = tr.init(), jax.random.key(0)
   compiled = tr.train_step.lower(state, batches[0], key, tr.values).compile()

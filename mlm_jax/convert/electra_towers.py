@@ -119,10 +119,16 @@ def restore_pair(workdir: str, step: int | None = None, ema: bool = False):
   return config, params, step
 
 
+def export(workdir: str, out: str, config, objective, step: int | None, arch: str | None, ema: bool) -> dict:
+  """The exporter of `export_kind` 'electra' (folders.EXPORTERS): both towers, as `to_hf`."""
+  if arch not in (None, ARCH):
+    raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
+  return to_hf(workdir, out, step, ema=ema)
+
+
 def to_hf(workdir: str, out: str, step: int | None = None, ema: bool = False) -> dict:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM) of the parameters
-  (`ema`: of their moving average); `out` is checked by the caller (folders.to_hf, through the objective's
-  `to_hf`)."""
+  (`ema`: of their moving average); `out` is checked by the caller (folders.to_hf)."""
   from safetensors.numpy import save_file
   config, params, step = restore_pair(workdir, step, ema)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), config.model.vocab_size)

@@ -65,7 +65,7 @@ class HeldOut:
     config = self.trainer.config
     rows = config.train.batch_size // jax.process_count()
     filler = {k: np.full((rows, *shape), self.tok.pad_id if k == "input_ids" else 0, np.int32)   # no loss
-              for k, shape in self.trainer.objective.batch_features(config.data.seq_len).items()}
+              for k, shape in self.trainer.description.batch_features(config.data.seq_len).items()}
     for _ in range(config.train.eval_batches):
       yield sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
 

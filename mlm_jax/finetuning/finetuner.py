@@ -135,7 +135,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | 
   logging.info("task %s: %d training rows, %d eval examples (%d rows), labels %s", kind, len(task.train["weight"]),
                len(task.eval_examples), len(task.eval["weight"]), task.labels or "-")
   make_model = lambda: heads.TaskModel(mcfg, kind, task.num_labels, seed=config.seed, head_dropout=config.head_dropout)
-  trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), heads.TaskObjective(kind),
+  trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), step=heads.TaskObjective(kind),
                                      make_model=make_model)
   abstract = checkpoints.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
 

@@ -2,7 +2,8 @@
 
 One jitted step trains both towers: generator MLM on the masked slots, Gumbel-max replacements, then
 the discriminator's BCE on every real token (loss = MLM + electra.disc_weight x BCE). The model is
-electra_model.py; the discriminator is the encoder, the generator the masked LM; to_hf writes both.
+electra_model.py; the discriminator is the encoder, the generator the masked LM; to_hf writes both
+(convert/electra_towers.py, the exporter of `export_kind` "electra").
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import optax
 
 from mlm_jax.model import flops, encoder
 from mlm_jax.objectives import masking
-from mlm_jax.errors import ConfigError, ConversionError
+from mlm_jax.errors import ConfigError
 from mlm_jax.objectives import sparse_loss
 from mlm_jax.objectives.electra_model import (ElectraPair, corrupt, discriminator_config, generator_config,
                                              sample_slots)
-from mlm_jax.objectives.mlm import MLM
+from mlm_jax.objectives.interface import Description
+from mlm_jax.objectives.mlm import MLMStep
 
 
 # The discriminator's held-out AUC comes from histograms of its logits (fixed bins, summed on device
@@ -43,8 +45,8 @@ def histogram_auc(positive, negative) -> float:
   return float((positive * (below + 0.5 * negative)).sum() / pairs) if pairs else float("nan")
 
 
-class Electra(MLM):
-  """The ELECTRA objective (interface.py); MLM's answers where the generator is a masked LM.
+class ElectraStep(MLMStep):
+  """The ELECTRA step: MLM's masking, the generator's MLM loss, the discriminator's BCE.
 
   The gradient is divided by the global number of prediction slots (`count_key`); the
   discriminator's summed loss enters scaled by slots / real tokens of the batch, so the total is
@@ -53,53 +55,6 @@ class Electra(MLM):
   """
   count_key = "num_predictions"
 
-  # --- asked before the run ---
-  @classmethod
-  def check(cls, config: ml_collections.ConfigDict) -> None:
-    if config.electra.disc_weight < 0:
-      raise ConfigError(f"electra.disc_weight={config.electra.disc_weight}: expected >= 0")
-    generator_config(config)
-    encoder.embedding_size(config.model)
-    if config.model.position_offset != 0:   # found at export otherwise, after the training
-      raise ConfigError(f"model.position_offset={config.model.position_offset}: transformers' ELECTRA numbers "
-                        "positions from 0; pass --config.model.position_offset=0, or start from "
-                        "configs/electra_small.py:demo")
-
-  @classmethod
-  def towers(cls, config: ml_collections.ConfigDict) -> dict:
-    return {"the ELECTRA generator (electra.generator_*)": generator_config(config)}
-
-  @classmethod
-  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
-    """The discriminator on every token with its replaced-token head (H*H + H), plus the generator with
-    its MLM head on the slots, plus the sampling logits (a forward-only E*V per slot)."""
-    disc_cfg, gen_cfg = discriminator_config(config), generator_config(config)
-    h = disc_cfg.hidden_size
-    sampling = 2 * gen_cfg.embedding_size * gen_cfg.vocab_size * num_slots / seq_len
-    return (flops.flops_per_token(disc_cfg, seq_len) + 6 * (h * h + h)
-            + flops.flops_per_token(gen_cfg, seq_len, num_slots) + sampling)
-
-  @classmethod
-  def make_model(cls, config: ml_collections.ConfigDict):
-    return ElectraPair(config, seed=config.seed)
-
-  @classmethod
-  def encoder(cls, config: ml_collections.ConfigDict) -> tuple:
-    return "discriminator", discriminator_config(config)   # fine-tuning starts from it
-
-  @classmethod
-  def masked_lm(cls, config: ml_collections.ConfigDict) -> tuple:
-    return "generator", generator_config(config)
-
-  @classmethod
-  def to_hf(cls, workdir: str, out: str, step, arch, ema: bool = False):
-    """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM)."""
-    from mlm_jax.convert import electra_towers
-    if arch not in (None, electra_towers.ARCH):
-      raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
-    return electra_towers.to_hf(workdir, out, step, ema=ema)
-
-  # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self.disc_weight = float(config.electra.disc_weight)
@@ -185,3 +140,47 @@ class Electra(MLM):
     return (f"loss {m['loss']:.4f}  mlm {m['mlm_loss']:.4f} acc {m['accuracy']:.3f}  disc {m['disc_loss']:.4f} "
             f"acc {m['disc_accuracy']:.3f} P {m['disc_precision']:.2f} R {m['disc_recall']:.2f}  "
             f"replaced {m['replaced']:.3f}")
+
+
+class Electra(Description):
+  """The ELECTRA objective (interface.py): two towers, the discriminator the encoder, the generator the
+  masked LM; both exported (convert/electra_towers.py)."""
+  step = ElectraStep
+  export_kind = "electra"
+
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict) -> None:
+    if config.electra.disc_weight < 0:
+      raise ConfigError(f"electra.disc_weight={config.electra.disc_weight}: expected >= 0")
+    generator_config(config)
+    encoder.embedding_size(config.model)
+    if config.model.position_offset != 0:   # found at export otherwise, after the training
+      raise ConfigError(f"model.position_offset={config.model.position_offset}: transformers' ELECTRA numbers "
+                        "positions from 0; pass --config.model.position_offset=0, or start from "
+                        "configs/electra_small.py:demo")
+
+  @classmethod
+  def towers(cls, config: ml_collections.ConfigDict) -> dict:
+    return {"the ELECTRA generator (electra.generator_*)": generator_config(config)}
+
+  @classmethod
+  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
+    """The discriminator on every token with its replaced-token head (H*H + H), plus the generator with
+    its MLM head on the slots, plus the sampling logits (a forward-only E*V per slot)."""
+    disc_cfg, gen_cfg = discriminator_config(config), generator_config(config)
+    h = disc_cfg.hidden_size
+    sampling = 2 * gen_cfg.embedding_size * gen_cfg.vocab_size * num_slots / seq_len
+    return (flops.flops_per_token(disc_cfg, seq_len) + 6 * (h * h + h)
+            + flops.flops_per_token(gen_cfg, seq_len, num_slots) + sampling)
+
+  @classmethod
+  def make_model(cls, config: ml_collections.ConfigDict):
+    return ElectraPair(config, seed=config.seed)
+
+  @classmethod
+  def encoder(cls, config: ml_collections.ConfigDict) -> tuple:
+    return "discriminator", discriminator_config(config)   # fine-tuning starts from it
+
+  @classmethod
+  def masked_lm(cls, config: ml_collections.ConfigDict) -> tuple:
+    return "generator", generator_config(config)

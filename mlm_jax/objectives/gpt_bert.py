@@ -18,7 +18,8 @@ import ml_collections
 from mlm_jax.errors import ConfigError
 from mlm_jax.model import flops
 from mlm_jax.objectives import masking, sparse_loss
-from mlm_jax.objectives.mlm import MLM
+from mlm_jax.objectives.interface import Description
+from mlm_jax.objectives.mlm import MLMStep
 
 CAUSAL_KEYS = ("clm_loss_sum", "clm_correct_sum", "clm_predictions", "clm_z_loss_sum")
 
@@ -59,37 +60,9 @@ def mntp_sums(model, hidden, batch) -> dict:
                               batch["masked_weights"], model.matmul_mode)
 
 
-class GptBert(MLM):
-  """The GPT-BERT hybrid (interface.py); MLM's answers where the model is the plain encoder."""
-  prediction_shift = 1   # PLL and fill-mask read a masked token at t from position t - 1
+class GptBertStep(MLMStep):
+  """The GPT-BERT step: MNTP on the masked rows, next-token prediction on the causal ones, one head."""
 
-  # --- asked before the run ---
-  @classmethod
-  def bind(cls, config: ml_collections.ConfigDict) -> None:
-    if config.model.attention_impl in ("auto", ""):
-      config.model.attention_impl = "xla"   # causal rows need its dense masks
-
-  @classmethod
-  def check(cls, config: ml_collections.ConfigDict) -> None:
-    super().check(config)
-    share = float(config.gpt_bert.causal_share)
-    if not 0.0 <= share < 1.0:
-      raise ConfigError(f"gpt_bert.causal_share={share}: expected a fraction in [0, 1) of each batch's rows")
-    micro = micro_rows(config)
-    if share > 0 and not 0 < causal_rows(config) < micro:
-      raise ConfigError(f"gpt_bert.causal_share={share} of {micro} rows a microbatch gives {causal_rows(config)} "
-                        f"causal rows: expected at least 1 and fewer than {micro} (raise train.batch_size)")
-    if config.model.attention_impl not in ("auto", "", "xla"):
-      raise ConfigError(f"model.attention_impl={config.model.attention_impl}: objective=gpt_bert trains causal rows, "
-                        "which only xla serves")
-
-  @classmethod
-  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
-    """The encoder on every token, the head on the masked rows' slots and on every position of the causal rows."""
-    c = causal_rows(config) / micro_rows(config)
-    return flops.flops_per_token(config.model, seq_len, (1 - c) * num_slots + c * (seq_len - 1))
-
-  # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self.accum = max(1, int(config.optimizer.grad_accum_steps))
@@ -160,3 +133,34 @@ class GptBert(MLM):
   def console(m: dict) -> str:
     clm = f"  clm {m['clm_loss']:.4f} acc {m['clm_accuracy']:.3f}" if "clm_loss" in m else ""
     return f"loss {m['loss']:.4f}  mntp {m['mlm_loss']:.4f} acc {m['accuracy']:.3f}{clm}"
+
+
+class GptBert(Description):
+  """The GPT-BERT hybrid (interface.py); MLM's answers where the model is the plain encoder."""
+  step = GptBertStep
+  prediction_shift = 1   # PLL and fill-mask read a masked token at t from position t - 1
+
+  @classmethod
+  def bind(cls, config: ml_collections.ConfigDict) -> None:
+    if config.model.attention_impl in ("auto", ""):
+      config.model.attention_impl = "xla"   # causal rows need its dense masks
+
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict) -> None:
+    super().check(config)
+    share = float(config.gpt_bert.causal_share)
+    if not 0.0 <= share < 1.0:
+      raise ConfigError(f"gpt_bert.causal_share={share}: expected a fraction in [0, 1) of each batch's rows")
+    micro = micro_rows(config)
+    if share > 0 and not 0 < causal_rows(config) < micro:
+      raise ConfigError(f"gpt_bert.causal_share={share} of {micro} rows a microbatch gives {causal_rows(config)} "
+                        f"causal rows: expected at least 1 and fewer than {micro} (raise train.batch_size)")
+    if config.model.attention_impl not in ("auto", "", "xla"):
+      raise ConfigError(f"model.attention_impl={config.model.attention_impl}: objective=gpt_bert trains causal rows, "
+                        "which only xla serves")
+
+  @classmethod
+  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
+    """The encoder on every token, the head on the masked rows' slots and on every position of the causal rows."""
+    c = causal_rows(config) / micro_rows(config)
+    return flops.flops_per_token(config.model, seq_len, (1 - c) * num_slots + c * (seq_len - 1))

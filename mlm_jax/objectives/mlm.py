@@ -1,6 +1,6 @@
 """Masked LM (BERT / RoBERTa / XLM-R): dynamic masking inside the step, the loss over the prediction
-slots only (sparse_loss.py). The other objectives subclass it; its class methods are every
-objective's default answers (interface.py).
+slots only (sparse_loss.py). `MLM` is the description (interface.py's defaults) with `MLMStep`; the
+other objectives' steps subclass MLMStep.
 """
 from __future__ import annotations
 
@@ -8,14 +8,11 @@ import math
 
 import ml_collections
 
-from mlm_jax.model import flops
 from mlm_jax.objectives import masking
 from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError
-from mlm_jax.model.encoder import Encoder
 from mlm_jax.objectives import sparse_loss
-
-ROW_FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")   # a packed row (data/)
+from mlm_jax.objectives.interface import Description
 
 
 def z_loss_weight(config: ml_collections.ConfigDict) -> float:
@@ -26,52 +23,10 @@ def z_loss_weight(config: ml_collections.ConfigDict) -> float:
   return z
 
 
-class MLM:
-  """The masked-LM objective: masking at the scheduled rate, the MLM head on the prediction slots."""
-  input_kind = "rows"
+class MLMStep:
+  """The masked-LM step: masking at the scheduled rate, the MLM head on the prediction slots."""
   count_key = "num_predictions"
-  prediction_shift = 0   # the LM head reads a masked token at t from position t - prediction_shift
 
-  # --- asked before the run ---
-  @classmethod
-  def bind(cls, config: ml_collections.ConfigDict) -> None:
-    pass
-
-  @classmethod
-  def check(cls, config: ml_collections.ConfigDict) -> None:
-    if not config.model.get("mlm_head", True):
-      raise ConfigError(f"model.mlm_head=False (an ELECTRA discriminator): objective={config.objective!r} needs "
-                        "the MLM head; fine-tune it with mlm_jax.finetune instead")
-
-  @classmethod
-  def towers(cls, config: ml_collections.ConfigDict) -> dict:
-    return {}
-
-  @classmethod
-  def batch_features(cls, seq_len: int) -> dict:
-    return {k: (seq_len,) for k in ROW_FEATURES}
-
-  @classmethod
-  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
-    return flops.flops_per_token(config.model, seq_len, num_slots)
-
-  @classmethod
-  def make_model(cls, config: ml_collections.ConfigDict):
-    return Encoder(config.model, seed=config.seed)
-
-  @classmethod
-  def encoder(cls, config: ml_collections.ConfigDict) -> tuple:
-    return "", config.model
-
-  @classmethod
-  def masked_lm(cls, config: ml_collections.ConfigDict) -> tuple:
-    return "", config.model
-
-  @classmethod
-  def to_hf(cls, workdir: str, out: str, step, arch, ema: bool = False):
-    return None
-
-  # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
     self.masking, self.vocab_size = config.masking, config.model.vocab_size
     self.z_loss = z_loss_weight(config)
@@ -129,3 +84,8 @@ class MLM:
   @staticmethod
   def console(m: dict) -> str:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
+
+
+class MLM(Description):
+  """The masked-LM objective: every answer interface.Description's."""
+  step = MLMStep

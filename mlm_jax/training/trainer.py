@@ -21,7 +21,7 @@ import ml_collections
 from mlm_jax.config.step_values import StepValues
 from mlm_jax.training import optim
 from mlm_jax.model import sharding
-from mlm_jax.objectives.interface import Objective
+from mlm_jax.objectives.interface import Description, Step
 
 
 @struct.dataclass
@@ -46,7 +46,8 @@ class Trainer:
   init: Callable         # () -> TrainState, created directly in its sharded layout
   train_step: Callable   # (state, batch, key, values) -> (state, metric sums)
   eval_step: Callable    # (params, batch, key, values) -> the objective's eval output (MLM: metric sums)
-  objective: Objective   # or fine-tuning's heads.TaskObjective (the step's part of the interface only)
+  objective: Step       # the objective's step (interface.Step), or fine-tuning's heads.TaskObjective
+  description: type[Description] | None   # the pretraining objective's description; None for fine-tuning
   values: StepValues     # the config's step values, what the loop passes to the steps
 
 
@@ -85,12 +86,15 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
 
-def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, objective: Objective, *,
+def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                 description: type[Description] | None = None, *, step: Step | None = None,
                  make_model: Callable[[], nnx.Module] | None = None, schedule: Callable | None = None) -> Trainer:
-  """Init, shardings and the jitted steps for an objective (an instance: `Resolved.objective(config)`,
-  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model).
-  `schedule`: the learning rate by step, for a run in phases (one schedule over all of them)."""
-  make_model = make_model or (lambda: objective.make_model(config))
+  """Init, shardings and the jitted steps for a pretraining objective's description (`Resolved.objective`:
+  its step is made from `config`, and its model), or for fine-tuning's `step` (heads.TaskObjective) and
+  `make_model` (its task model). `schedule`: the learning rate by step, for a run in phases (one schedule
+  over all of them)."""
+  objective = step if step is not None else description.step(config)
+  make_model = make_model or (lambda: description.make_model(config))
   accum = int(config.optimizer.grad_accum_steps)
   ema_decay = float(config.train.get("ema_decay", 0.0))
   total_steps = int(config.train.steps)
@@ -149,7 +153,7 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
   eval_jit = jax.jit(eval_step, in_shardings=(state_sh.params, batch_sh, repl, repl), out_shardings=repl)
   return Trainer(config=config, mesh=mesh, graphdef=graphdef, tx=tx, schedule=schedule,
                  state_sharding=state_sh, batch_sharding=batch_sh, init=init, train_step=train_jit,
-                 eval_step=eval_jit, objective=objective,
+                 eval_step=eval_jit, objective=objective, description=description,
                  values=StepValues.of(config))   # numpy scalars, replicated by the jit (the AOT tool's mesh holds no data)
 
 
