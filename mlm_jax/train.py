@@ -73,7 +73,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | No
     the_loop = _phased_loop(run, workdir)
   else:
     config = run.config
-    trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), run.objective(config))
+    trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), run.objective)
     seq_len = config.data.seq_len
     the_loop = loop.Loop(
         trainer, workdir, inputs.LoopInput(host_input(run, "train", workdir)),

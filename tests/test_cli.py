@@ -139,8 +139,8 @@ from mlm_jax.model import sharding
 from mlm_jax.training import trainer as step
 args = benchmark._parse(["--model=mini", "--batch=8", "--seq_len=64", "--vocab=1000"])
 run = benchmark_setup.resolved_run(args, "cpu")[0]
-tr = step.make_trainer(run.config, sharding.make_mesh(run.config.mesh, jax.devices()[:1]), run.objective(run.config))
-compiled = tr.train_step.lower(jax.eval_shape(tr.init), benchmark_setup.random_batches(args)[0], jax.random.key(0)).compile()
+tr = step.make_trainer(run.config, sharding.make_mesh(run.config.mesh, jax.devices()[:1]), run.objective)
+compiled = tr.train_step.lower(jax.eval_shape(tr.init), benchmark_setup.random_batches(args)[0], jax.random.key(0), tr.values).compile()
 print(json.dumps([os.environ["XLA_FLAGS"], compiled.memory_analysis().temp_size_in_bytes]))
 """
 

@@ -53,7 +53,7 @@ def scanned_pair():
 
 def _forward(config, graphdef, params, batch, key):
   """The objective's prepare + forward in one jit (eager NNX runs op by op, ~20x slower here)."""
-  obj = electra.Electra(config)
+  obj = electra.ElectraStep(config)
 
   def f(params, batch):
     batch = obj.prepare(batch, key)
@@ -212,7 +212,7 @@ def test_held_out_auc_precision_recall_and_sampled_accuracy(scanned_pair):
   assert jnp.issubdtype(many.dtype, jnp.integer) and int(many[electra.AUC_BINS // 2]) == (1 << 24) + 3
 
   config, graphdef, params = scanned_pair
-  obj, key = electra.Electra(config), jax.random.key(7)
+  obj, key = electra.ElectraStep(config), jax.random.key(7)
   sums = jax.device_get(jax.jit(lambda p, b: obj.evaluate(nnx.merge(graphdef, p), b, key))(params, _batch()))
   batch, out, _ = _forward(config, graphdef, params, _batch(), key)
   labels, logits, real = out["labels"], out["disc_logits"], np.asarray(batch["segment_ids"] > 0, np.float32)

@@ -49,7 +49,7 @@ def test_masked_and_causal_losses_equal_a_direct_computation():
   sees), within its document; loss = (1 - c) MNTP mean + c causal mean, each with 1e-3 x log(Z)^2."""
   c = _config()
   c.loss.z_loss = 1e-3
-  objective = GptBert(c)
+  objective = GptBert.step(c)
   graphdef, params = nnx.split(Encoder(c.model, seed=2), nnx.Param)
   raw = _rows(4)
   batch = jax.jit(objective.prepare)({k: jnp.asarray(v) for k, v in raw.items()}, jax.random.key(5))
@@ -91,7 +91,7 @@ def test_causal_rows_are_the_last_of_each_microbatch_and_the_share_is_checked():
   c = _config(rows=8, share=0.25)
   c.optimizer.grad_accum_steps = 2
   raw = _rows(8)
-  ids = np.asarray(jax.jit(GptBert(c).prepare)({k: jnp.asarray(v) for k, v in raw.items()}, jax.random.key(0))["input_ids"])
+  ids = np.asarray(jax.jit(GptBert.step(c).prepare)({k: jnp.asarray(v) for k, v in raw.items()}, jax.random.key(0))["input_ids"])
   same = (ids == raw["input_ids"]).all(axis=1)
   assert same.tolist() == [False] * 6 + [True] * 2
   # as the trainer splits the batch: the last row of each microbatch is the causal one
@@ -114,7 +114,7 @@ class Rows(RandomRows):
 def _run(config, workdir) -> list:
   run = resolve.resolve_for_compile(config, platform="cpu")
   mesh = sharding.make_mesh(run.config.mesh, devices=jax.devices()[:1])
-  trainer = trainer_lib.make_trainer(run.config, mesh, run.objective(run.config))
+  trainer = trainer_lib.make_trainer(run.config, mesh, run.objective)
   loop.Loop(trainer, str(workdir), Rows(), None, trainer.init, tokens_per_example=S, flops_per_token=1.0).run()
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 

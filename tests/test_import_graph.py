@@ -125,10 +125,7 @@ LAYERS = (
     ("binaries", ("mlm_jax.train", "mlm_jax.finetune", "mlm_jax.downstream"), 10),
 )
 # Imports allowed against the order, each with its reason.
-EXCEPTIONS = {
-    ("mlm_jax.objectives.electra", "mlm_jax.convert.electra_towers"):
-        "a plug-in owns its export: ELECTRA writes two transformers folders (Objective.to_hf), imported when asked",
-}
+EXCEPTIONS: dict = {}
 
 
 def layer_of(module: str, layers=LAYERS) -> tuple[str, int]:

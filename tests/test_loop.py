@@ -23,7 +23,7 @@ def tiny_trainer(devices, **train):
   c.data.seq_len = 16
   c.train.update(train)
   run = resolve.resolve_for_compile(c)
-  return trainer_lib.make_trainer(run.config, sharding.make_mesh(run.config.mesh, devices), run.objective(run.config))
+  return trainer_lib.make_trainer(run.config, sharding.make_mesh(run.config.mesh, devices), run.objective)
 
 
 def random_batch(i: int, rows: int, seq: int = 16) -> dict:

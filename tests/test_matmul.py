@@ -91,11 +91,11 @@ def test_auto_is_f32_out_on_cpu_below_float32_only():
 
 def _step(c, devices, batch):
   """(the compiled step's HLO, the loss of one step) of `c` on `devices` devices."""
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:devices]), MLM(c))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:devices]), MLM)
   state = tr.init()
-  args = (state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
-  compiled = tr.train_step.jitted.lower(*args, tr.train_step.values).compile()
-  _, metrics = compiled(*args, tr.train_step.values)
+  args = (state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0), tr.values)
+  compiled = tr.train_step.lower(*args).compile()
+  _, metrics = compiled(*args)
   return compiled.as_text(), float(metrics["loss_sum"] / metrics["num_predictions"])
 
 

@@ -143,7 +143,7 @@ def test_mlm_loss_matches_transformers(arch):
   positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
   batch = dict(input_ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.asarray(mask, jnp.int32),
                positions=jnp.asarray(positions, jnp.int32), token_type_ids=jnp.asarray(types, jnp.int32))
-  objective = MLM(config)
+  objective = MLM.step(config)
   masked = jax.jit(objective.prepare)(batch, jax.random.key(3))
   loss_sum, sums = nnx.jit(lambda m, b: objective.loss_sums(m, b, None))(ours, masked)
   ours_loss = float(loss_sum / sums["num_predictions"])

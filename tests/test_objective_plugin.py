@@ -14,16 +14,16 @@ from mlm_jax.model import sharding
 from mlm_jax.workdir import files as workdir_files
 from mlm_jax.config.defaults import default_config
 from mlm_jax.objectives import registry
-from mlm_jax.objectives.mlm import MLM
+from mlm_jax.objectives.mlm import MLM, MLMStep
 from mlm_jax.errors import ConfigError
 
 
-class HalfWeightMLM(MLM):
-  """MLM whose loss counts half, reporting the masked rows of each batch: a researcher's variant that
+class HalfWeightStep(MLMStep):
+  """MLM's step whose loss counts half, reporting the masked rows of each batch: a researcher's variant that
   overrides only what differs from MLM (its metric's name is its own: the step writes real_tokens)."""
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    loss, sums = super().loss_sums(model, batch, dropout_key, activation_sharding)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    loss, sums = super().loss_sums(model, batch, dropout_key, activation_sharding, values)
     return 0.5 * loss, dict(sums, rows_seen=(batch["segment_ids"] > 0).any(-1).sum().astype(jnp.float32))
 
   def summarize(self, sums) -> dict:
@@ -31,7 +31,12 @@ class HalfWeightMLM(MLM):
 
   @staticmethod
   def console(m: dict) -> str:
-    return f"{MLM.console(m)}  rows {m['rows_seen']:.0f}"
+    return f"{MLMStep.console(m)}  rows {m['rows_seen']:.0f}"
+
+
+class HalfWeightMLM(MLM):
+  """The objective: MLM's description, answered by MLM but for its step."""
+  step = HalfWeightStep
 
 
 SPEC = f"{__name__}:HalfWeightMLM"   # the module's name as imported here (by pytest or by path)
@@ -57,8 +62,8 @@ def _run(config, workdir) -> list:
   run = resolve.resolve_for_compile(config, platform="cpu")
   config = run.config
   mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])   # one device compiles fastest
-  trainer = trainer_lib.make_trainer(config, mesh, run.objective(config))
-  assert type(trainer.objective).__name__ == "HalfWeightMLM"
+  trainer = trainer_lib.make_trainer(config, mesh, run.objective)
+  assert type(trainer.objective).__name__ == "HalfWeightStep" and trainer.description.__name__ == "HalfWeightMLM"
   loop.Loop(trainer, str(workdir), RandomRows(), None, trainer.init, tokens_per_example=16, flops_per_token=1.0).run()
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
@@ -96,9 +101,9 @@ def test_the_plugin_loss_is_the_one_differentiated():
     c.objective = name
     run = resolve.resolve_for_compile(c, platform="cpu")
     mesh = sharding.make_mesh(run.config.mesh, devices=jax.devices()[:1])
-    trainer = trainer_lib.make_trainer(run.config, mesh, run.objective(run.config))
+    trainer = trainer_lib.make_trainer(run.config, mesh, run.objective)
     batch = sharding.global_batch(RandomRows().batch(0), trainer.batch_sharding)
-    _, m = trainer.train_step(trainer.init(), batch, jax.random.key(0))
+    _, m = trainer.train_step(trainer.init(), batch, jax.random.key(0), trainer.values)
     norms[name] = float(m["grad_norm"])
   assert norms[SPEC] == pytest.approx(0.5 * norms["mlm"], rel=1e-4), norms
 
@@ -110,7 +115,8 @@ def test_a_config_json_names_only_objective_classes(tmp_path, monkeypatch):
   marker = tmp_path / "imported"
   (tmp_path / "planted_mod.py").write_text(
       f"open({str(marker)!r}, 'w').close()\n\ndef Run(config):\n  raise SystemExit('called')\n\n"
-      "class NotAnObjective:\n  pass\n")
+      "class NotAnObjective:\n  pass\n\n"
+      "from mlm_jax.objectives.interface import Description\n\nclass StepIsNoStep(Description):\n  step = object\n")
   monkeypatch.syspath_prepend(str(tmp_path))
   for spec, why in [("subprocess:call", "subprocess defines no class call"),
                     ("planted_mod:Run", "planted_mod defines no class Run"),
@@ -121,5 +127,7 @@ def test_a_config_json_names_only_objective_classes(tmp_path, monkeypatch):
   assert not marker.exists()
   with pytest.raises(ConfigError, match=r"not an objective class \(it lacks bind, check"):
     registry.for_config(ml_collections.ConfigDict(dict(objective="planted_mod:NotAnObjective")))
+  with pytest.raises(ConfigError, match=r"not an objective class \(it lacks step.prepare, step.loss_sums"):
+    registry.for_config(ml_collections.ConfigDict(dict(objective="planted_mod:StepIsNoStep")))
   assert registry.for_config(ml_collections.ConfigDict(dict(objective="electra"))).__name__ == "Electra"
   assert registry.for_config(ml_collections.ConfigDict(dict(objective=SPEC))) is HalfWeightMLM

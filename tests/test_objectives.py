@@ -85,12 +85,12 @@ def test_z_loss_adds_exactly_its_weight_times_log_z_squared_to_the_mlm_loss():
                positions=jnp.tile(jnp.arange(16), (3, 1)))
   from flax import nnx
   graphdef, params = nnx.split(model, nnx.Param)
-  off = MLM(c)
+  off = MLM.step(c)
   batch = jax.jit(off.prepare)(batch, jax.random.key(0))
   loss_of = lambda objective: jax.jit(lambda p, b: objective.loss_sums(nnx.merge(graphdef, p), b, None))(params, batch)
   loss0, sums0 = loss_of(off)
   c.loss.z_loss = 1e-4
-  loss1, sums1 = loss_of(MLM(c))
+  loss1, sums1 = loss_of(MLM.step(c))
   logits = jax.jit(lambda p, b: nnx.merge(graphdef, p).mlm_logits(nnx.merge(graphdef, p)(
       b["input_ids"], b["segment_ids"], b["positions"])))(params, batch)
   picked = jnp.take_along_axis(logits, batch["masked_positions"][..., None], axis=1)
@@ -98,5 +98,5 @@ def test_z_loss_adds_exactly_its_weight_times_log_z_squared_to_the_mlm_loss():
   assert float(sums0["num_predictions"]) > 0 and float(loss0) == float(sums0["loss_sum"])
   np.testing.assert_allclose(float(loss1) - float(loss0), 1e-4 * direct, rtol=1e-4)
   assert float(sums1["loss_sum"]) == float(sums0["loss_sum"])
-  assert MLM(c).summarize(jax.tree.map(float, sums1))["z_loss"] == pytest.approx(direct / float(sums1["num_predictions"]),
+  assert MLM.step(c).summarize(jax.tree.map(float, sums1))["z_loss"] == pytest.approx(direct / float(sums1["num_predictions"]),
                                                                                 rel=1e-5)

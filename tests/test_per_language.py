@@ -25,7 +25,7 @@ def run(corpus_and_tokenizer, shared_data, tmp_path_factory):
                  probe_clams_languages=("en", "de"))
   workdir = str(tmp_path_factory.mktemp("per_language"))
   r = resolve.resolve_pretraining(c, workdir)
-  trainer = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh), r.objective(r.config))
+  trainer = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh), r.objective)
   return r, trainer, trainer.init().params, workdir
 
 
@@ -100,7 +100,7 @@ def test_the_probe_scores_clams_per_language(run, shared_data):
   sample = clams.sample(clams.folder(str(shared_data)), 5, ("en", "de"))
   assert sum(len(s.good) for s in sample if s.group == "en") == 5 == sum(len(s.good) for s in sample if s.group == "de")
   assert len({s.name for s in sample if s.group == "en"}) == 5   # one pair from each of 5 of the 22 files
-  path, model_cfg = trainer.objective.masked_lm(trainer.config)
+  path, model_cfg = trainer.description.masked_lm(trainer.config)
   longest = pll.max_len(model_cfg)
   unpacked = pll.Scorer(trainer.graphdef, r.tokenizer, longest, path=path, one_per_row=True, max_len=longest)
   ref = zeroshot.score_pairs(unpacked, params, sample)

@@ -133,7 +133,7 @@ def test_nsp_head_and_loss_match_bert_for_pretraining():
   from mlm_jax.convert import bert
   from mlm_jax.config.defaults import default_config
   from mlm_jax.model.encoder import Encoder
-  from mlm_jax.objectives.sentence import MLMWithSentenceHead
+  from mlm_jax.objectives.sentence import SentenceStep
   hcfg = _tiny_bert(torch, transformers)
   cfg = bert.model_config_from_hf(hcfg.to_dict(), default_config().model)
   cfg.update(use_pooler=True, sentence_head=True, hidden_dropout=0.0, attention_dropout=0.0)
@@ -165,7 +165,7 @@ def test_nsp_head_and_loss_match_bert_for_pretraining():
                token_type_ids=types, masked_positions=positions, masked_labels=labels,
                masked_weights=np.ones((b, p), np.float32), sentence_labels=sent)
   batch = {k: v.astype(np.float32 if k == "masked_weights" else np.int32) for k, v in batch.items()}
-  objective = MLMWithSentenceHead.__new__(MLMWithSentenceHead)
+  objective = SentenceStep.__new__(SentenceStep)
   objective.z_loss = 0.0   # loss.z_loss off, the default
 
   @jax.jit
@@ -268,7 +268,7 @@ def test_to_hf_of_an_xlmr_layout_model_drops_the_sentence_head(corpus_and_tokeni
                       max_position_embeddings=18, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5))
   objective = registry.load(c.objective)
   objective.bind(c)
-  trainer = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh), objective(c))
+  trainer = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh), objective)
   # A train state of the trainer's shapes, random values made on the host (its jitted init compiles for seconds).
   rng = np.random.default_rng(0)
   state = jax.tree.map(lambda x: jax.device_put(rng.normal(size=x.shape).astype(x.dtype)), jax.eval_shape(trainer.init))

@@ -39,13 +39,13 @@ def still():
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
   c.optimizer.update(dict(learning_rate=3e-3, schedule="constant", weight_decay=0.0))
   c.train.steps = 400
-  return trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+  return trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM)
 
 
 def _one_step(c, mesh, batch, tr=None):
-  tr = tr or trainer_lib.make_trainer(c, mesh, MLM(c))
+  tr = tr or trainer_lib.make_trainer(c, mesh, MLM)
   state = tr.init()
-  new, metrics = tr.train_step(state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
+  new, metrics = tr.train_step(state, jax.device_put(batch, tr.batch_sharding), jax.random.key(0), tr.values)
   return tr, new, jax.tree.map(np.asarray, metrics)
 
 
@@ -104,12 +104,12 @@ def test_grad_accumulation_keeps_each_microbatch_on_every_device():
     c.mesh.update(dict(data=8, fsdp=1, tensor=1))
     c.train.batch_size = 32
     c.optimizer.grad_accum_steps = accum
-    tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:8]), MLM(c))
+    tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:8]), MLM)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(tr.init),
                          tr.state_sharding)
     batch = {k: jax.ShapeDtypeStruct((32, 64), np.int32, sharding=tr.batch_sharding)
              for k in ("input_ids", "segment_ids", "positions", "word_starts")}
-    hlo = tr.train_step.lower(state, batch, jax.random.key(0)).compile().as_text()
+    hlo = tr.train_step.lower(state, batch, jax.random.key(0), tr.values).compile().as_text()
     counts[accum] = {k: v["count"] for k, v in hlo_collectives.summary(hlo)["by_kind"].items()}
   assert "collective-permute" not in counts[4], counts
   assert counts[4].get("all-gather", 0) == counts[1].get("all-gather", 0), counts
@@ -123,7 +123,7 @@ def test_nonfinite_update_is_skipped_and_counted(batch, still):
   poisoned = jax.device_put(
       state.replace(params=jax.tree.map(lambda x: x * np.float32("nan") if x.ndim == 1 else x, state.params)),
       tr.state_sharding)
-  new, m = tr.train_step(poisoned, jax.device_put(batch, tr.batch_sharding), jax.random.key(0))
+  new, m = tr.train_step(poisoned, jax.device_put(batch, tr.batch_sharding), jax.random.key(0), tr.values)
   assert float(m["finite"]) == 0.0 and int(new.nonfinite) == 1
   # The step did not apply anything: params are the (poisoned) inputs, Adam's moments untouched.
   assert int(new.step) == 1
@@ -142,7 +142,7 @@ def test_tiny_model_overfits_a_fixed_batch_of_real_text(batch, still):
   key = jax.random.key(0)
   losses = []
   for i in range(c.train.steps):
-    state, m = tr.train_step(state, b, key)
+    state, m = tr.train_step(state, b, key, tr.values)
     if i % 20 == 19:
       losses.append(float(m["loss_sum"] / m["num_predictions"]))
       if losses[-1] < 1.0 and len(losses) > 2 and losses[-2] < 1.0:
@@ -170,12 +170,12 @@ def test_modernbert_config_shrunk_learns(batch):
   c.optimizer.learning_rate = 1e-2
   c.train.update(dict(steps=20, batch_size=8))
   c.mesh.update(dict(data=1, fsdp=1, tensor=1))
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM(c))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), MLM)
   state = tr.init()
   assert "lead_layers" in state.params and "final_norm" in state.params
   b = jax.device_put(batch, tr.batch_sharding)
   losses = []
   for _ in range(c.train.steps):
-    state, m = tr.train_step(state, b, jax.random.key(0))
+    state, m = tr.train_step(state, b, jax.random.key(0), tr.values)
     losses.append(float(m["loss_sum"] / m["num_predictions"]))
   assert np.isfinite(losses).all() and np.mean(losses[-4:]) < np.mean(losses[:4]) - 1.0, losses

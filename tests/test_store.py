@@ -438,7 +438,7 @@ def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):
     c.train.update(steps=steps, batch_size=4, log_every=1, save_every=2, eval_every=0)
     r = resolve.resolve_for_compile(c)
     tr = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh, jax.devices()[:1]),
-                                  r.objective(r.config))
+                                  r.objective)
     pipe = _pipe(r.config.data, tmp_path, batch=4)
     loop.Loop(tr, str(tmp_path / "run"), inputs.LoopInput(pipe), None, tr.init, tokens_per_example=32,
               flops_per_token=1.0).run()

@@ -308,7 +308,7 @@ def test_electra_run_logs_what_its_batches_and_checkpoints_give(electra_run, sha
   config = workdir_files.read_config(str(electra_run))
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(str(electra_run), config))
   objective_class = registry.for_config(config)
-  objective = objective_class(config)
+  objective = objective_class.step(config)
 
   train = inputs.make_input(config, objective_class.input_kind, tok, "train")
   padded = 0

@@ -64,22 +64,22 @@ def _timed_steps(run, mesh, batches, args) -> dict:
   import jax
   from mlm_jax.training import trainer as trainer_lib
   t0 = time.perf_counter()
-  tr = trainer_lib.make_trainer(run.config, mesh, run.objective(run.config))
+  tr = trainer_lib.make_trainer(run.config, mesh, run.objective)
   state = tr.init()
   batches = [jax.device_put(x, tr.batch_sharding) for x in batches]
   key = jax.random.key(0)
-  compiled = tr.train_step.compile(state, batches[0], key)
+  compiled = tr.train_step.lower(state, batches[0], key, tr.values).compile()
   compile_s = time.perf_counter() - t0
   compile_peak = _reset_peak_rss()
   for i in range(args.warmup):
-    state, m = compiled(state, batches[i % 4], key)
+    state, m = compiled(state, batches[i % 4], key, tr.values)
   jax.block_until_ready(state)
   times = []
   faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   t_all = time.perf_counter()
   for i in range(args.steps):
     t = time.perf_counter()
-    state, m = compiled(state, batches[i % 4], key)
+    state, m = compiled(state, batches[i % 4], key, tr.values)
     jax.block_until_ready((state.params, m))
     times.append(time.perf_counter() - t)
   total = time.perf_counter() - t_all

@@ -67,11 +67,11 @@ def _trainer(args, spec: str):
                            seq_len=None, batch=None, dropout=None, matmul=None)
   run, _ = benchmark_setup.resolved_run(benchmark_setup.with_config(one, overrides), jax.devices()[0].platform)
   c = run.config
-  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), run.objective(c))
+  tr = trainer_lib.make_trainer(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), run.objective)
   batches = [jax.device_put(b, tr.batch_sharding) for b in benchmark_setup.random_batches(one)]
   state, key = tr.init(), jax.random.key(0)
-  compiled = tr.train_step.lower(state, batches[0], key).compile()
-  step = lambda *a: compiled(*a, tr.train_step.values)
+  compiled = tr.train_step.lower(state, batches[0], key, tr.values).compile()
+  step = lambda state, batch, key: compiled(state, batch, key, tr.values)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # XLA's own count of the compiled step
   for i in range(args.warmup):

@@ -74,10 +74,11 @@ def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int, 
   import ml_collections
   from flax import nnx
   from mlm_jax.evaluation import heldout
-  from mlm_jax.objectives.mlm import MLM
+  from mlm_jax.objectives.mlm import MLMStep
   graphdef, params = nnx.split(lm.model, nnx.Param)
-  mlm = MLM(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
-  eval_step = jax.jit(lambda params, batch, key: mlm.evaluate(nnx.merge(graphdef, params), batch, key))
+  mlm = MLMStep(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size))))
+  eval_step = jax.jit(lambda params, batch, key, values: mlm.evaluate(nnx.merge(graphdef, params), batch, key,
+                                                                      values=values))
   key = heldout.eval_key(seed)
   ids, seg, pos = _pack(rows, seq_len, lm.tokenizer.pad_id, batch_size)
   batches = [dict(input_ids=ids[b:b + batch_size], segment_ids=seg[b:b + batch_size], positions=pos[b:b + batch_size])

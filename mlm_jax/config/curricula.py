@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlm_jax.config import step_values
 from mlm_jax.errors import ConfigError
 
 
@@ -66,12 +65,12 @@ def max_mask_rate(masking_cfg) -> float:
   return float(max(values.max(), masking_cfg.mask_rate)) if values.size else float(masking_cfg.mask_rate)
 
 
-def mask_rate(masking_cfg, step, traced: bool = False):
-  """masking.mask_rate (inside a trainer's step: its bound value, config/step_values.py), or its
-  schedule's value at `step`."""
+def mask_rate(masking_cfg, step, traced: bool = False, rate=None):
+  """The schedule's value at `step`; without a schedule (or at eval, `step` None) `rate`, the step's value
+  of masking.mask_rate (config/step_values.py), or masking.mask_rate itself when None."""
   steps, values = mask_rate_phases(masking_cfg)
   if not values.size or step is None:
-    return step_values.get("masking.mask_rate", masking_cfg.mask_rate)
+    return masking_cfg.mask_rate if rate is None else rate
   mode = masking_cfg.get("mask_rate_schedule_mode", "constant")
   return (value_at_traced if traced else value_at)(steps, values, step, mode)
 

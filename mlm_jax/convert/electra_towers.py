@@ -109,10 +109,16 @@ def state_dict(flat: Mapping[str, np.ndarray], cfg: ml_collections.ConfigDict, k
   return out
 
 
+def export(workdir: str, out: str, config, objective, step: int | None, arch: str | None, ema: bool) -> dict:
+  """The exporter of `export_kind` 'electra' (folders.EXPORTERS): both towers, as `to_hf`."""
+  if arch not in (None, ARCH):
+    raise ConversionError(f"--arch={arch}: {workdir} is an ELECTRA run; it converts to transformers' ELECTRA only")
+  return to_hf(workdir, out, step, ema=ema)
+
+
 def to_hf(workdir: str, out: str, step: int | None = None, ema: bool = False) -> dict:
   """OUT/discriminator (ElectraForPreTraining) and OUT/generator (ElectraForMaskedLM) of the parameters
-  (`ema`: of their moving average); `out` is checked by the caller (folders.to_hf, through the objective's
-  `to_hf`)."""
+  (`ema`: of their moving average); `out` is checked by the caller (folders.to_hf)."""
   from safetensors.numpy import save_file
   config = workdir_files.config_at(workdir, step)
   _, params, step = restore.restore_objective(workdir, config, step, item="ema" if ema else "params")   # the pair

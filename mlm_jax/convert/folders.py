@@ -52,15 +52,24 @@ def _check_out(out: str, overwrite: bool) -> None:
 
 def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = None,
           overwrite: bool = False, ema: bool = False) -> dict:
-  """Writes an HF folder from a workdir; returns a summary (step, arch, files). `ema`: the moving
-  average of the parameters (train.ema_decay) instead of the parameters."""
-  from safetensors.numpy import save_file
+  """Writes an HF folder from a workdir with the exporter of its objective's `export_kind` (EXPORTERS);
+  returns a summary (step, arch, files). `ema`: the moving average of the parameters (train.ema_decay)
+  instead of the parameters."""
   _check_out(out, overwrite)
   config = workdir_files.config_at(workdir, step)
   objective = registry.for_config(config)
-  own = objective.to_hf(workdir, out, step, arch, ema=ema)   # an objective with its own transformers classes (ELECTRA)
-  if own is not None:
-    return own
+  exporter = EXPORTERS.get(objective.export_kind)
+  if exporter is None:
+    raise ConversionError(f"{workdir}: objective {config.objective!r} exports as {objective.export_kind!r}; "
+                          f"convert/folders.py has exporters for {', '.join(repr(k) for k in EXPORTERS)}")
+  return exporter(workdir, out, config, objective, step, arch, ema)
+
+
+def masked_lm_to_hf(workdir: str, out: str, config: ml_collections.ConfigDict, objective, step: int | None,
+                    arch: str | None, ema: bool) -> dict:
+  """The 'masked_lm' exporter: the objective's encoder and its MLM head as one BERT / RoBERTa / XLM-R /
+  ModernBERT folder (BertForPreTraining with a BERT-layout sentence head)."""
+  from safetensors.numpy import save_file
   subtree, mcfg = objective.encoder(config)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), mcfg.vocab_size)
   arch = arch or ("roberta" if tok.family == "bpe" and mcfg.position_offset else default_arch(mcfg))
@@ -97,6 +106,12 @@ def to_hf(workdir: str, out: str, step: int | None = None, arch: str | None = No
   else:   # WordPiece / byte-level BPE: the original files are what AutoTokenizer reads
     files += write_tokenizer_files(tok, out)
   return dict(step=step, arch=arch, files=files, out=out, **({"note": dropped} if dropped else {}))
+
+
+# The exporters by an objective's `export_kind` (objectives/interface.py): (workdir, out, config, objective
+# description, step, arch, ema) -> summary; `out` is checked before. An objective with transformers classes
+# of its own adds its exporter here.
+EXPORTERS = {"masked_lm": masked_lm_to_hf, "electra": electra_towers.export}
 
 
 # ------------------------------------------------------------------------------------------

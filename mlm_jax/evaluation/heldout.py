@@ -18,11 +18,12 @@ def eval_key(seed: int):
   return jax.random.fold_in(jax.random.key(seed), EVAL_KEY_SALT)
 
 
-def summed(objective, eval_step: Callable, params, batches: Iterable[dict], key) -> dict:
-  """`eval_step(params, batch, key)` summed over `batches`, on the host; an error when nothing was scored."""
+def summed(objective, eval_step: Callable, params, batches: Iterable[dict], key, values=None) -> dict:
+  """`eval_step(params, batch, key, values)` summed over `batches`, on the host; an error when nothing was
+  scored. `values`: the step values (config/step_values.py; None: the config's constants)."""
   sums = None
   for batch in batches:
-    s = eval_step(params, batch, key)
+    s = eval_step(params, batch, key, values)
     sums = s if sums is None else jax.tree.map(jnp.add, sums, s)
   host = jax.device_get(sums) if sums is not None else None
   if host is None or host[objective.count_key] == 0:
@@ -64,14 +65,15 @@ class HeldOut:
     config = self.trainer.config
     rows = config.train.batch_size // jax.process_count()
     filler = {k: np.full((rows, *shape), self.tok.pad_id if k == "input_ids" else 0, np.int32)   # no loss
-              for k, shape in self.trainer.objective.batch_features(config.data.seq_len).items()}
+              for k, shape in self.trainer.description.batch_features(config.data.seq_len).items()}
     for _ in range(config.train.eval_batches):
       yield sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
 
   def _rates(self, params, pipeline) -> dict:
     try:
       objective = self.trainer.objective
-      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(pipeline), self.key))
+      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(pipeline), self.key,
+                                       self.trainer.values))
     finally:
       pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
 

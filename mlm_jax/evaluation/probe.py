@@ -176,7 +176,7 @@ class PairsProbe:
     from mlm_jax.evaluation import pll
     from mlm_jax.tasks import blimp, catalogue, clams
     t = train_config
-    path, model_cfg = trainer.objective.masked_lm(trainer.config)
+    path, model_cfg = trainer.description.masked_lm(trainer.config)
     pll.check_mlm_head(model_cfg, f"train.probe_tasks={','.join(names)}")
     self.sets = {}
     if "blimp" in names:
@@ -189,7 +189,7 @@ class PairsProbe:
       self.sets["clams"] = clams.sample(clams.folder(catalogue.data_dir(need=clams.FOLDER)),
                                         int(t.probe_clams_pairs), tuple(t.probe_clams_languages))
     self.scorer = pll.Scorer(trainer.graphdef, tok, pll.ROW_LEN, rows=Probe.ROWS, path=path, mesh=trainer.mesh,
-                             max_len=pll.max_len(model_cfg), shift=trainer.objective.prediction_shift)
+                             max_len=pll.max_len(model_cfg), shift=trainer.description.prediction_shift)
 
   def __call__(self, params) -> dict:
     from mlm_jax.evaluation import zeroshot
@@ -213,7 +213,7 @@ class Probe:
   def __init__(self, trainer, tok):
     from flax import nnx
     config = trainer.config
-    path, model_cfg = trainer.objective.encoder(config)
+    path, model_cfg = trainer.description.encoder(config)
     t = config.train
     suite_tasks = [n for n in t.probe_tasks if n not in PAIR_PROBES]
     self.probes = Probes(from_suite(suite_tasks, tok, config.data.seq_len, model_cfg.type_vocab_size,

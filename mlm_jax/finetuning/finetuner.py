@@ -79,7 +79,8 @@ class TaskEvaluator:
     outs = []
     for b in range(0, len(self.arrays["weight"]), self.batch_size):
       local = _local_rows(self.arrays, np.arange(b, b + self.batch_size))
-      out = self.trainer.eval_step(params, sharding.global_batch(local, self.trainer.batch_sharding), None)
+      out = self.trainer.eval_step(params, sharding.global_batch(local, self.trainer.batch_sharding), None,
+                                   self.trainer.values)
       outs.append(jax.device_get(out))
     joined = jax.tree.map(lambda *xs: np.concatenate(xs)[:self.rows], *outs)
     scores, pred = self.task.score(joined)
@@ -134,7 +135,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | 
   logging.info("task %s: %d training rows, %d eval examples (%d rows), labels %s", kind, len(task.train["weight"]),
                len(task.eval_examples), len(task.eval["weight"]), task.labels or "-")
   make_model = lambda: heads.TaskModel(mcfg, kind, task.num_labels, seed=config.seed, head_dropout=config.head_dropout)
-  trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), heads.TaskObjective(kind),
+  trainer = trainer_lib.make_trainer(config, sharding.make_mesh(config.mesh), step=heads.TaskObjective(kind),
                                      make_model=make_model)
   abstract = restore.abstract_with_shardings(jax.eval_shape(trainer.init), trainer.state_sharding)
 

@@ -89,12 +89,13 @@ class TaskModel(nnx.Module):
     self.head = _HEADS[kind](cfg, 1 if kind == "regression" else num_labels, key, jnp.dtype(cfg.param_dtype))
     self.head_dropout = float(cfg.hidden_dropout if head_dropout < 0 else head_dropout)
 
-  def __call__(self, batch: dict, dropout_key=None):
+  def __call__(self, batch: dict, dropout_key=None, step_values=None):
+    """`step_values`: the trainer's step's (config/step_values.py), for the encoder; None: the config's."""
     enc_key = head_key = None
     if dropout_key is not None:
       enc_key, head_key = jax.random.split(dropout_key)
     hidden = self.encoder(batch["input_ids"], batch["segment_ids"], batch["positions"],
-                          batch.get("token_type_ids"), dropout_key=enc_key)
+                          batch.get("token_type_ids"), dropout_key=enc_key, step_values=step_values)
     out = self.head(self.encoder, hidden, self.head_dropout, head_key)
     return jax.tree.map(lambda x: x.astype(jnp.float32), out)
 
@@ -133,15 +134,15 @@ class TaskObjective:
   def __init__(self, kind: str):
     self.kind = kind
 
-  def prepare(self, batch, key, step=None):
+  def prepare(self, batch, key, step=None, values=None):
     return batch
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    loss_sum, count = loss_sums(self.kind, model(batch, dropout_key=dropout_key), batch)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    loss_sum, count = loss_sums(self.kind, model(batch, dropout_key=dropout_key, step_values=values), batch)
     return loss_sum, dict(loss_sum=loss_sum, count=count)
 
-  def evaluate(self, model, batch, key, activation_sharding=None):
-    return model(batch)
+  def evaluate(self, model, batch, key, activation_sharding=None, values=None):
+    return model(batch, step_values=values)
 
   @staticmethod
   def summarize(sums) -> dict:

@@ -14,7 +14,8 @@ from flax import nnx
 import ml_collections
 
 from mlm_jax.model import attention, matmul
-from mlm_jax.config import choices, step_values
+from mlm_jax.config import choices
+from mlm_jax.config import step_values as step_values_lib
 from mlm_jax.errors import ConfigError
 
 # Structure switches added for ModernBERT. config.json files written before them lack them and mean
@@ -319,14 +320,6 @@ def abstract_model(model_cfg: ml_collections.ConfigDict):
   return nnx.split(nnx.eval_shape(lambda: Encoder(model_cfg)), nnx.Param)
 
 
-def _bound_thetas(cfg: ml_collections.ConfigDict):
-  """The RoPE thetas bound for the step being traced (config/step_values.py), or None (the constants)."""
-  theta = step_values.get("model.rope_theta", None)
-  if cfg.positions != "rotary" or theta is None:
-    return None
-  return {"global": theta, "local": step_values.get("model.rope_theta_local", cfg.rope_theta_local)}
-
-
 def _remat_policy(remat: str):
   return (jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims if remat == "dots"
           else jax.checkpoint_policies.nothing_saveable)
@@ -431,11 +424,12 @@ class Encoder(nnx.Module):
     return self.cfg.get("matmul", "auto")
 
   def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None,
-               activation_sharding=None, causal=None):
+               activation_sharding=None, causal=None, step_values: step_values_lib.StepValues | None = None):
     """`activation_sharding` pins the [batch, seq, hidden] activations between layers (the train step
     passes batch over ("data", "fsdp")): with fsdp-sharded weights XLA's propagation otherwise follows
     the weights' `embed` sharding and replicates the batch, i.e. every chip computes the global batch.
     `causal` ([batch] bool): rows whose tokens attend only to themselves and earlier tokens (GPT-BERT).
+    `step_values`: the trainer's step passes its RoPE thetas (config/step_values.py); None: the config's.
     """
     cfg, dtype = self.cfg, self.dtype
     pin = (lambda y: y) if activation_sharding is None else (
@@ -456,7 +450,7 @@ class Encoder(nnx.Module):
     x = pin(dropout(x, cfg.hidden_dropout, keys[0]))
     mesh = None if activation_sharding is None else activation_sharding.mesh
     ctx = attention.make_context(cfg, segment_ids, mesh, training=dropout_key is not None,
-                                 rope_thetas=_bound_thetas(cfg), causal=causal)
+                                 rope_thetas=step_values_lib.rope_thetas(step_values, cfg), causal=causal)
     layer_fn = Layer.__call__
     if cfg.remat != "none":
       layer_fn = nnx.remat(Layer.__call__, static_argnums=(4,), policy=_remat_policy(cfg.remat))

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError
 from mlm_jax.model import flops
 from mlm_jax.objectives import masking, sparse_loss
-from mlm_jax.objectives.mlm import MLM
+from mlm_jax.objectives.interface import Description
+from mlm_jax.objectives.mlm import MLMStep
 
 CAUSAL_KEYS = ("clm_loss_sum", "clm_correct_sum", "clm_predictions", "clm_z_loss_sum")
 
@@ -60,11 +60,86 @@ def mntp_sums(model, hidden, batch) -> dict:
                               batch["masked_weights"], model.matmul_mode)
 
 
-class GptBert(MLM):
+class GptBertStep(MLMStep):
+  """The GPT-BERT step: MNTP on the masked rows, next-token prediction on the causal ones, one head."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    super().__init__(config)
+    self.accum = max(1, int(config.optimizer.grad_accum_steps))
+    self.micro_rows, self.causal_rows = micro_rows(config), causal_rows(config)
+
+  def prepare(self, batch, key, step=None, values=None):
+    """MLM's masking (at the scheduled rate for `step`), then the last `causal_rows` rows of each microbatch
+    back to their original tokens (causal rows are not masked; their masked slots are never read)."""
+    out = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size,
+                                            rate=self.mask_rate_at(step, values)))
+    if self.causal_rows:
+      out["input_ids"] = jnp.where(self._causal(batch["input_ids"].shape[0], self.accum)[:, None],
+                                   batch["input_ids"], out["input_ids"])
+    return out
+
+  def _causal(self, rows: int, microbatches: int = 1):
+    """[rows] bool: the last `causal_rows` rows of each of `microbatches` microbatches, which take every
+    n-th row (microbatch i: rows i, i + n, ...; training/trainer.py `_microbatches`)."""
+    per = rows // microbatches
+    return jnp.arange(rows) // microbatches >= per - self.causal_rows
+
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    rows, k = batch["input_ids"].shape[0], self.causal_rows
+    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
+                   dropout_key=dropout_key, activation_sharding=activation_sharding,
+                   causal=self._causal(rows) if k else None, step_values=values)
+    m = rows - k
+    sums = mntp_sums(model, hidden[:m], {n: batch[n][:m] for n in ("masked_positions", "masked_labels",
+                                                                   "masked_weights")})
+    if not k:
+      return self.lm_loss(sums), sums
+    causal = next_token_sums(model, hidden[m:], batch["input_ids"][m:], batch["segment_ids"][m:])
+    sums.update(causal)
+    c = k / rows
+    ratio = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(causal["clm_predictions"], 1.0))
+    causal_loss = causal["clm_loss_sum"] + self.z_loss * causal["clm_z_loss_sum"]
+    return (1 - c) * self.lm_loss(sums) + c * ratio * causal_loss, sums
+
+  def evaluate(self, model, batch, key, activation_sharding=None, values=None):
+    """Every held-out row twice: masked at the step's mask rate (masking.mask_rate: MNTP), and causal."""
+    masked = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size,
+                                               rate=self.mask_rate_at(None, values)))
+    args = (batch["segment_ids"], batch["positions"], batch.get("token_type_ids"))
+    sums = mntp_sums(model, model(masked["input_ids"], *args, activation_sharding=activation_sharding,
+                                  step_values=values), masked)
+    rows = batch["input_ids"].shape[0]
+    hidden = model(batch["input_ids"], *args, activation_sharding=activation_sharding, causal=jnp.ones(rows, bool),
+                   step_values=values)
+    return dict(sums, **next_token_sums(model, hidden, batch["input_ids"], batch["segment_ids"]))
+
+  def summarize(self, sums) -> dict:
+    """MNTP's loss and accuracy (`mlm_loss`, `accuracy`), the causal rows' (`clm_*`), and `loss` their
+    weighted sum as trained."""
+    out = super().summarize(sums)
+    out["mlm_loss"] = out["loss"]
+    if "clm_predictions" in sums:
+      n = max(float(sums["clm_predictions"]), 1.0)
+      share = self.causal_rows / max(1, self.micro_rows)
+      out.update(clm_loss=float(sums["clm_loss_sum"]) / n, clm_accuracy=float(sums["clm_correct_sum"]) / n)
+      out["loss"] = (1 - share) * out["mlm_loss"] + share * out["clm_loss"]
+    return out
+
+  def summarize_eval(self, sums) -> dict:
+    out = super().summarize_eval(sums)
+    return dict(out, perplexity=math.exp(out["mlm_loss"]), clm_perplexity=math.exp(out["clm_loss"]))
+
+  @staticmethod
+  def console(m: dict) -> str:
+    clm = f"  clm {m['clm_loss']:.4f} acc {m['clm_accuracy']:.3f}" if "clm_loss" in m else ""
+    return f"loss {m['loss']:.4f}  mntp {m['mlm_loss']:.4f} acc {m['accuracy']:.3f}{clm}"
+
+
+class GptBert(Description):
   """The GPT-BERT hybrid (interface.py); MLM's answers where the model is the plain encoder."""
+  step = GptBertStep
   prediction_shift = 1   # PLL and fill-mask read a masked token at t from position t - 1
 
-  # --- asked before the run ---
   @classmethod
   def bind(cls, config: ml_collections.ConfigDict) -> None:
     if config.model.attention_impl in ("auto", ""):
@@ -89,72 +164,3 @@ class GptBert(MLM):
     """The encoder on every token, the head on the masked rows' slots and on every position of the causal rows."""
     c = causal_rows(config) / micro_rows(config)
     return flops.flops_per_token(config.model, seq_len, (1 - c) * num_slots + c * (seq_len - 1))
-
-  # --- the step ---
-  def __init__(self, config: ml_collections.ConfigDict):
-    super().__init__(config)
-    self.accum = max(1, int(config.optimizer.grad_accum_steps))
-    self.micro_rows, self.causal_rows = micro_rows(config), causal_rows(config)
-
-  def prepare(self, batch, key, step=None):
-    """MLM's masking (at the scheduled rate for `step`), then the last `causal_rows` rows of each microbatch
-    back to their original tokens (causal rows are not masked; their masked slots are never read)."""
-    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
-    out = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate))
-    if self.causal_rows:
-      out["input_ids"] = jnp.where(self._causal(batch["input_ids"].shape[0], self.accum)[:, None],
-                                   batch["input_ids"], out["input_ids"])
-    return out
-
-  def _causal(self, rows: int, microbatches: int = 1):
-    """[rows] bool: the last `causal_rows` rows of each of `microbatches` microbatches, which take every
-    n-th row (microbatch i: rows i, i + n, ...; training/trainer.py `_microbatches`)."""
-    per = rows // microbatches
-    return jnp.arange(rows) // microbatches >= per - self.causal_rows
-
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    rows, k = batch["input_ids"].shape[0], self.causal_rows
-    hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                   dropout_key=dropout_key, activation_sharding=activation_sharding,
-                   causal=self._causal(rows) if k else None)
-    m = rows - k
-    sums = mntp_sums(model, hidden[:m], {n: batch[n][:m] for n in ("masked_positions", "masked_labels",
-                                                                   "masked_weights")})
-    if not k:
-      return self.lm_loss(sums), sums
-    causal = next_token_sums(model, hidden[m:], batch["input_ids"][m:], batch["segment_ids"][m:])
-    sums.update(causal)
-    c = k / rows
-    ratio = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(causal["clm_predictions"], 1.0))
-    causal_loss = causal["clm_loss_sum"] + self.z_loss * causal["clm_z_loss_sum"]
-    return (1 - c) * self.lm_loss(sums) + c * ratio * causal_loss, sums
-
-  def evaluate(self, model, batch, key, activation_sharding=None):
-    """Every held-out row twice: masked at masking.mask_rate (MNTP), and causal."""
-    masked = readable_slots(masking.mask_batch(batch, key, self.masking, self.vocab_size))
-    args = (batch["segment_ids"], batch["positions"], batch.get("token_type_ids"))
-    sums = mntp_sums(model, model(masked["input_ids"], *args, activation_sharding=activation_sharding), masked)
-    rows = batch["input_ids"].shape[0]
-    hidden = model(batch["input_ids"], *args, activation_sharding=activation_sharding, causal=jnp.ones(rows, bool))
-    return dict(sums, **next_token_sums(model, hidden, batch["input_ids"], batch["segment_ids"]))
-
-  def summarize(self, sums) -> dict:
-    """MNTP's loss and accuracy (`mlm_loss`, `accuracy`), the causal rows' (`clm_*`), and `loss` their
-    weighted sum as trained."""
-    out = super().summarize(sums)
-    out["mlm_loss"] = out["loss"]
-    if "clm_predictions" in sums:
-      n = max(float(sums["clm_predictions"]), 1.0)
-      share = self.causal_rows / max(1, self.micro_rows)
-      out.update(clm_loss=float(sums["clm_loss_sum"]) / n, clm_accuracy=float(sums["clm_correct_sum"]) / n)
-      out["loss"] = (1 - share) * out["mlm_loss"] + share * out["clm_loss"]
-    return out
-
-  def summarize_eval(self, sums) -> dict:
-    out = super().summarize_eval(sums)
-    return dict(out, perplexity=math.exp(out["mlm_loss"]), clm_perplexity=math.exp(out["clm_loss"]))
-
-  @staticmethod
-  def console(m: dict) -> str:
-    clm = f"  clm {m['clm_loss']:.4f} acc {m['clm_accuracy']:.3f}" if "clm_loss" in m else ""
-    return f"loss {m['loss']:.4f}  mntp {m['mlm_loss']:.4f} acc {m['accuracy']:.3f}{clm}"

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from mlm_jax.config import choices, curricula, step_values
+from mlm_jax.config import choices, curricula
 from mlm_jax.errors import ConfigError
 
 MODES = choices.CHOICES["masking.mode"]
@@ -190,9 +190,9 @@ def _random_tokens(key, shape, vocab_size, special_ids):
 
 
 def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_slots, rate=None):
-  """One sequence: select, corrupt 80/10/10, and emit prediction slots (`rate`: default cfg.mask_rate, or
-  its value bound for the step being traced, config/step_values.py)."""
-  rate = step_values.get("masking.mask_rate", cfg.mask_rate) if rate is None else rate
+  """One sequence: select, corrupt 80/10/10, and emit prediction slots (`rate`: default cfg.mask_rate; the
+  trainer's step passes its value, config/step_values.py)."""
+  rate = cfg.mask_rate if rate is None else rate
   k_sel, k_how, k_rand = jax.random.split(key, 3)
   cand = _candidates(input_ids, segment_ids, tuple(cfg.special_ids) + (cfg.mask_id,))
   group = jnp.arange(input_ids.shape[0])   # tokens that share the 80/10/10 draw: span_uniform's spans
@@ -216,7 +216,7 @@ def mask_example(key, input_ids, segment_ids, word_starts, cfg, vocab_size, num_
 
 def mask_batch(batch, key, cfg: ml_collections.ConfigDict, vocab_size: int, example_offset=0, rate=None):
   """Masks a batch; `example_offset` is the global index of row 0 (for per-host or per-microbatch slices).
-  `rate` (a traced scalar from a mask-rate schedule) overrides cfg.mask_rate.
+  `rate` (a traced scalar: the step's mask rate or its schedule's) overrides cfg.mask_rate.
 
   Returns a new batch dict with corrupted `input_ids` and masked_positions / masked_labels / masked_weights
   [B, P] (docs/design_notes.md#masking).

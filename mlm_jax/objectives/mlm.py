@@ -1,6 +1,6 @@
 """Masked LM (BERT / RoBERTa / XLM-R): dynamic masking inside the step, the loss over the prediction
-slots only (sparse_loss.py). The other objectives subclass it; its class methods are every
-objective's default answers (interface.py).
+slots only (sparse_loss.py). `MLM` is the description (interface.py's defaults) with `MLMStep`; the
+other objectives' steps subclass MLMStep.
 """
 from __future__ import annotations
 
@@ -8,14 +8,11 @@ import math
 
 import ml_collections
 
-from mlm_jax.model import flops
 from mlm_jax.objectives import masking
 from mlm_jax.config import curricula
 from mlm_jax.errors import ConfigError
-from mlm_jax.model.encoder import Encoder
 from mlm_jax.objectives import sparse_loss
-
-ROW_FEATURES = ("input_ids", "segment_ids", "positions", "word_starts")   # a packed row (data/)
+from mlm_jax.objectives.interface import Description
 
 
 def z_loss_weight(config: ml_collections.ConfigDict) -> float:
@@ -26,60 +23,22 @@ def z_loss_weight(config: ml_collections.ConfigDict) -> float:
   return z
 
 
-class MLM:
-  """The masked-LM objective: masking at the scheduled rate, the MLM head on the prediction slots."""
-  input_kind = "rows"
+class MLMStep:
+  """The masked-LM step: masking at the scheduled rate, the MLM head on the prediction slots."""
   count_key = "num_predictions"
-  prediction_shift = 0   # the LM head reads a masked token at t from position t - prediction_shift
 
-  # --- asked before the run ---
-  @classmethod
-  def bind(cls, config: ml_collections.ConfigDict) -> None:
-    pass
-
-  @classmethod
-  def check(cls, config: ml_collections.ConfigDict) -> None:
-    if not config.model.get("mlm_head", True):
-      raise ConfigError(f"model.mlm_head=False (an ELECTRA discriminator): objective={config.objective!r} needs "
-                        "the MLM head; fine-tune it with mlm_jax.finetune instead")
-
-  @classmethod
-  def towers(cls, config: ml_collections.ConfigDict) -> dict:
-    return {}
-
-  @classmethod
-  def batch_features(cls, seq_len: int) -> dict:
-    return {k: (seq_len,) for k in ROW_FEATURES}
-
-  @classmethod
-  def flops_per_token(cls, config: ml_collections.ConfigDict, seq_len: int, num_slots: int) -> float:
-    return flops.flops_per_token(config.model, seq_len, num_slots)
-
-  @classmethod
-  def make_model(cls, config: ml_collections.ConfigDict):
-    return Encoder(config.model, seed=config.seed)
-
-  @classmethod
-  def encoder(cls, config: ml_collections.ConfigDict) -> tuple:
-    return "", config.model
-
-  @classmethod
-  def masked_lm(cls, config: ml_collections.ConfigDict) -> tuple:
-    return "", config.model
-
-  @classmethod
-  def to_hf(cls, workdir: str, out: str, step, arch, ema: bool = False):
-    return None
-
-  # --- the step ---
   def __init__(self, config: ml_collections.ConfigDict):
     self.masking, self.vocab_size = config.masking, config.model.vocab_size
     self.z_loss = z_loss_weight(config)
 
-  def prepare(self, batch, key, step=None):
-    """Masks at masking.mask_rate, or at the schedule's rate for `step` (traced; None at eval)."""
-    rate = curricula.mask_rate(self.masking, step, traced=True) if step is not None else None
-    return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=rate)
+  def mask_rate_at(self, step, values=None):
+    """The schedule's rate for `step` (traced; None at eval), else the step's mask rate (`values`, or
+    masking.mask_rate when None)."""
+    return curricula.mask_rate(self.masking, step, traced=True, rate=None if values is None else values.mask_rate)
+
+  def prepare(self, batch, key, step=None, values=None):
+    """Masks at the step's mask rate, or at the schedule's rate for `step`."""
+    return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=self.mask_rate_at(step, values))
 
   def schedule_values(self, step: int) -> dict:
     if not self.masking.get("mask_rate_schedule", ()):
@@ -87,10 +46,10 @@ class MLM:
     return dict(mask_rate=float(curricula.mask_rate(self.masking, step)))
 
   @staticmethod
-  def hidden_and_sums(model, batch, dropout_key, activation_sharding=None):
+  def hidden_and_sums(model, batch, dropout_key, activation_sharding=None, values=None):
     """(hidden states, MLM metric sums over the prediction slots): what objectives built on MLM extend."""
     hidden = model(batch["input_ids"], batch["segment_ids"], batch["positions"], batch.get("token_type_ids"),
-                   dropout_key=dropout_key, activation_sharding=activation_sharding)
+                   dropout_key=dropout_key, activation_sharding=activation_sharding, step_values=values)
     y = model.mlm_transform(sparse_loss.gather_slots(hidden, batch["masked_positions"]))
     return hidden, sparse_loss.mlm_sums(y, model.word_embeddings[...], model.decoder_bias[...],
                                         batch["masked_labels"], batch["masked_weights"], model.matmul_mode)
@@ -99,13 +58,13 @@ class MLM:
     """The LM head's summed loss: cross-entropy, plus loss.z_loss x log(Z)^2 over the same slots (PaLM)."""
     return sums["loss_sum"] + self.z_loss * sums["z_loss_sum"] if self.z_loss else sums["loss_sum"]
 
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    _, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding, values)
     return self.lm_loss(sums), sums
 
-  def evaluate(self, model, batch, key, activation_sharding=None):
+  def evaluate(self, model, batch, key, activation_sharding=None, values=None):
     """Metric sums with masks from `key` (fixed across evaluations, so they are comparable)."""
-    return self.loss_sums(model, self.prepare(batch, key), None, activation_sharding)[1]
+    return self.loss_sums(model, self.prepare(batch, key, None, values), None, activation_sharding, values)[1]
 
   def summarize(self, sums) -> dict:
     n = max(float(sums["num_predictions"]), 1.0)
@@ -125,3 +84,8 @@ class MLM:
   @staticmethod
   def console(m: dict) -> str:
     return f"loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
+
+
+class MLM(Description):
+  """The masked-LM objective: every answer interface.Description's."""
+  step = MLMStep

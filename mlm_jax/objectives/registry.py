@@ -1,10 +1,12 @@
-"""The objectives `config.objective` may name: name -> "module:attr" of the class, and the one check of a name.
+"""The objectives `config.objective` may name: name -> "module:attr" of its description class
+(interface.Description), and the one check of a name.
 
 Objectives are imported when asked for. Adding one to the package is one line below; one defined
 elsewhere needs none: `--config.objective=my_package.my_module:MyObjective` (config.json keeps it).
 A config.json read back (`for_config`) names a registry objective, or a "module:Class" whose module
 defines that class at its top level (read from its source before it is imported) and whose class has
-the objective interface (checked before anything of it is called): a file names no other code to run.
+the objective interface, its description's and its step's (checked before anything of it is called): a file
+names no other code to run.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def is_spec(value) -> bool:
 
 
 def load(name: str):
-  """The objective class for a registry name or a "module:attr" string."""
+  """The objective's description class for a registry name or a "module:attr" string."""
   spec = name if is_spec(name) else OBJECTIVES.get(name)
   if spec is None:
     raise ConfigError(f"objective={name!r}: expected one of {', '.join(repr(n) for n in OBJECTIVES)} or "
@@ -46,7 +48,7 @@ def load(name: str):
 
 
 def for_config(config):
-  """The objective class of a config read from a file (config.json; `objective`, default 'mlm')."""
+  """The objective's description class of a config read from a file (config.json; `objective`, default 'mlm')."""
   name = config.get("objective", DEFAULT)
   if not is_spec(name):
     return load(name)
@@ -56,15 +58,19 @@ def for_config(config):
     raise ConfigError(f"config.json objective={name!r}: {why}; a config.json may name one of "
                       f"{', '.join(OBJECTIVES)} or 'module:Class' of an objective class")
   cls = load(name)
-  missing = [m for m in _INTERFACE if not callable(getattr(cls, m, None))] if isinstance(cls, type) else ["a class"]
+  missing = [m for m in _DESCRIPTION if not callable(getattr(cls, m, None))] if isinstance(cls, type) else ["a class"]
+  if not missing:
+    missing = [f"step.{m}" for m in _STEP if not callable(getattr(cls.step, m, None))]
   if missing:
     raise ConfigError(f"config.json objective={name!r}: not an objective class (it lacks {', '.join(missing)})")
   return cls
 
 
-# What an objective class has (interface.Objective), checked on a class a file names before it is used.
-_INTERFACE = ("bind", "check", "towers", "batch_features", "flops_per_token", "make_model", "encoder",
-              "masked_lm", "to_hf", "prepare", "loss_sums", "evaluate", "summarize", "console")
+# What an objective class has (interface.Description, and its step's interface.Step), checked on a class a
+# file names before it is used.
+_DESCRIPTION = ("bind", "check", "towers", "batch_features", "flops_per_token", "make_model", "encoder",
+                "masked_lm", "step")
+_STEP = ("prepare", "loss_sums", "evaluate", "summarize", "console")
 
 
 def _not_a_class_in_source(module: str, attr: str) -> str:

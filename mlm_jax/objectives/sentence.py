@@ -9,7 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mlm_jax.objectives.mlm import MLM
+from mlm_jax.objectives.interface import Description
+from mlm_jax.objectives.mlm import MLMStep
 
 
 def sentence_sums(logits, labels, weights) -> dict:
@@ -21,19 +22,11 @@ def sentence_sums(logits, labels, weights) -> dict:
               num_pairs=weights.sum())
 
 
-class MLMWithSentenceHead(MLM):
-  """MLM (dynamic masking, sparse slots, mask-rate schedule) + the NSP / SOP head on the pooler."""
+class SentenceStep(MLMStep):
+  """MLM's step (dynamic masking, sparse slots, mask-rate schedule) + the NSP / SOP head on the pooler."""
 
-  @classmethod
-  def bind(cls, config) -> None:
-    config.model.use_pooler = config.model.sentence_head = True
-
-  @classmethod
-  def batch_features(cls, seq_len: int) -> dict:
-    return dict(super().batch_features(seq_len), token_type_ids=(seq_len,), sentence_labels=())
-
-  def loss_sums(self, model, batch, dropout_key, activation_sharding=None):
-    hidden, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding)
+  def loss_sums(self, model, batch, dropout_key, activation_sharding=None, values=None):
+    hidden, sums = self.hidden_and_sums(model, batch, dropout_key, activation_sharding, values)
     weights = (batch["segment_ids"][:, 0] > 0).astype(jnp.float32)
     sums.update(sentence_sums(model.sentence_logits(hidden), batch["sentence_labels"], weights))
     scale = jax.lax.stop_gradient(sums["num_predictions"] / jnp.maximum(sums["num_pairs"], 1.0))
@@ -46,7 +39,20 @@ class MLMWithSentenceHead(MLM):
 
   @staticmethod
   def console(m: dict) -> str:
-    return f"{MLM.console(m)}  sent loss {m['sentence_loss']:.4f}  sent acc {m['sentence_accuracy']:.3f}"
+    return f"{MLMStep.console(m)}  sent loss {m['sentence_loss']:.4f}  sent acc {m['sentence_accuracy']:.3f}"
+
+
+class MLMWithSentenceHead(Description):
+  """MLM + a sentence head: the pooler and the head are the objective's, sentence pairs its input."""
+  step = SentenceStep
+
+  @classmethod
+  def bind(cls, config) -> None:
+    config.model.use_pooler = config.model.sentence_head = True
+
+  @classmethod
+  def batch_features(cls, seq_len: int) -> dict:
+    return dict(super().batch_features(seq_len), token_type_ids=(seq_len,), sentence_labels=())
 
 
 class NextSentence(MLMWithSentenceHead):

@@ -99,7 +99,7 @@ def abstract_inputs(trainer, config: ml_collections.ConfigDict):
   state = jax.eval_shape(trainer.init)
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        state, trainer.state_sharding)
-  features = trainer.objective.batch_features(config.data.seq_len)   # NSP / SOP rows add two
+  features = trainer.description.batch_features(config.data.seq_len)   # NSP / SOP rows add two
   batch = {k: jax.ShapeDtypeStruct((config.train.batch_size, *shape), jnp.int32, sharding=trainer.batch_sharding)
            for k, shape in features.items()}
   key = jax.eval_shape(lambda: jax.random.key(0))
@@ -184,10 +184,10 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str, num_sli
       model_flops_per_device=model_flops / n, notes=notes)
 
   t0 = time.perf_counter()
-  trainer = trainer_lib.make_trainer(config, mesh, run.objective(config))
+  trainer = trainer_lib.make_trainer(config, mesh, run.objective)
   state, batch, key = abstract_inputs(trainer, config)
   report["state_bytes"] = state_bytes_per_device(state)
-  lowered = trainer.train_step.lower(state, batch, key)
+  lowered = trainer.train_step.lower(state, batch, key, trainer.values)
   try:
     compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - XLA reports running out of HBM as a compile error

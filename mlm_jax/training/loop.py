@@ -224,7 +224,7 @@ class Loop:
       log.input_seconds += t1 - t0
       gp.seconds["input"] += t1 - t0
       watch.phase = "step"
-      state, m = self.trainer.train_step(state, batch, key)
+      state, m = self.trainer.train_step(state, batch, key, self.trainer.values)
       checkpointer.check()   # a save that failed in the background stops the run now, in one line
       if step == start or (self._phase is not None and step == self._phase.phase.start):   # compiling it
         gp.seconds["compile"] += time.perf_counter() - t1

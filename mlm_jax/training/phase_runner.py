@@ -100,9 +100,9 @@ class PhaseSet:
     config = self.configs[k]
     key = program_key(config)
     if key not in self._trainers:
-      self._trainers[key] = trainer_lib.make_trainer(config, self.mesh, self.objective_cls(config),
+      self._trainers[key] = trainer_lib.make_trainer(config, self.mesh, self.objective_cls,
                                                      schedule=self.schedule)
-    return self._trainers[key].for_config(config)
+    return dataclasses.replace(self._trainers[key], config=config, values=step_values.StepValues.of(config))
 
   def index_at(self, step: int) -> int:
     return phases_lib.index_at(self.phases, step)

@@ -1,10 +1,11 @@
 """The pure train and eval steps: the objective's prepare (masking) -> its loss -> grads -> AdamW.
 
-`train_step(state, batch, key) -> (state, metrics)` is one jax.jit with the state donated; each step
-folds its number into the run's key, so masks and dropout depend on (seed, step, example) only.
-Metrics are on-device sums, added up by the loop without a host sync. RoPE theta and the mask rate
-are an argument of the jitted steps (config/step_values.py), bound to the config's values:
-`Trainer.for_config` runs the same compiled steps with another phase's.
+`train_step(state, batch, key, values) -> (state, metrics)` is one jax.jit with the state donated; each
+step folds its number into the run's key, so masks and dropout depend on (seed, step, example) only.
+Metrics are on-device sums, added up by the loop without a host sync. `values` (config/step_values.py:
+RoPE theta, the mask rate) is an argument of the jitted steps, handed on to the objective's calls;
+`Trainer.values` holds the config's, and a phase that differs only in them runs the same compiled steps
+with its own (training/phase_runner.py).
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import optax
 from flax import nnx, struct
 import ml_collections
 
-from mlm_jax.config import step_values
+from mlm_jax.config.step_values import StepValues
 from mlm_jax.training import optim
 from mlm_jax.model import sharding
-from mlm_jax.objectives.interface import Objective
+from mlm_jax.objectives.interface import Description, Step
 
 
 @struct.dataclass
@@ -43,37 +44,11 @@ class Trainer:
   state_sharding: Any
   batch_sharding: jax.sharding.NamedSharding
   init: Callable         # () -> TrainState, created directly in its sharded layout
-  train_step: "BoundStep"   # (state, batch, key) -> (state, metric sums)
-  eval_step: "BoundStep"    # (params, batch, key) -> the objective's eval output (MLM: metric sums)
-  objective: Objective   # or fine-tuning's heads.TaskObjective (the step's part of the interface only)
-
-  def for_config(self, config: ml_collections.ConfigDict) -> "Trainer":
-    """This trainer's compiled steps with `config`'s step values (a phase that differs from this one's
-    config only in them and in the learning rate: training/phase_runner.py)."""
-    values = step_values.of(config)
-    return dataclasses.replace(self, config=config, train_step=self.train_step.with_values(values),
-                               eval_step=self.eval_step.with_values(values))
-
-
-@dataclasses.dataclass(frozen=True)
-class BoundStep:
-  """A jitted step whose last argument, the step values, is bound: called and lowered like the step."""
-  jitted: Callable
-  values: dict
-
-  def __call__(self, *args):
-    return self.jitted(*args, self.values)
-
-  def lower(self, *args):
-    return self.jitted.lower(*args, self.values)
-
-  def compile(self, *args) -> Callable:
-    """The step compiled ahead of time for `args`' shapes, called like the step (values bound)."""
-    compiled = self.lower(*args).compile()
-    return lambda *call_args: compiled(*call_args, self.values)
-
-  def with_values(self, values: dict) -> "BoundStep":
-    return BoundStep(self.jitted, values)
+  train_step: Callable   # (state, batch, key, values) -> (state, metric sums)
+  eval_step: Callable    # (params, batch, key, values) -> the objective's eval output (MLM: metric sums)
+  objective: Step       # the objective's step (interface.Step), or fine-tuning's heads.TaskObjective
+  description: type[Description] | None   # the pretraining objective's description; None for fine-tuning
+  values: StepValues     # the config's step values, what the loop passes to the steps
 
 
 def _microbatches(batch, n):
@@ -111,12 +86,15 @@ def apply_if_finite(state: TrainState, grads, tx: optax.GradientTransformation, 
                     nonfinite=state.nonfinite + (~finite).astype(jnp.int32))
 
 
-def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, objective: Objective, *,
+def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                 description: type[Description] | None = None, *, step: Step | None = None,
                  make_model: Callable[[], nnx.Module] | None = None, schedule: Callable | None = None) -> Trainer:
-  """Init, shardings and the jitted steps for an objective (an instance: `Resolved.objective(config)`,
-  or fine-tuning's task objective) and the model it makes (fine-tuning passes its task model).
-  `schedule`: the learning rate by step, for a run in phases (one schedule over all of them)."""
-  make_model = make_model or (lambda: objective.make_model(config))
+  """Init, shardings and the jitted steps for a pretraining objective's description (`Resolved.objective`:
+  its step is made from `config`, and its model), or for fine-tuning's `step` (heads.TaskObjective) and
+  `make_model` (its task model). `schedule`: the learning rate by step, for a run in phases (one schedule
+  over all of them)."""
+  objective = step if step is not None else description.step(config)
+  make_model = make_model or (lambda: description.make_model(config))
   accum = int(config.optimizer.grad_accum_steps)
   ema_decay = float(config.train.get("ema_decay", 0.0))
   total_steps = int(config.train.steps)
@@ -134,29 +112,25 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
   batch_sh = sharding.batch_sharding(mesh)   # also pins [batch, seq, hidden] activations (see model/encoder.py)
   repl = sharding.replicated(mesh)
 
-  def loss_sums(params, batch, dropout_key):
-    return objective.loss_sums(nnx.merge(graphdef, params), batch, dropout_key, batch_sh)
+  def loss_sums(params, batch, dropout_key, values):
+    return objective.loss_sums(nnx.merge(graphdef, params), batch, dropout_key, batch_sh, values)
 
-  def train_step(state: TrainState, batch, key, values):
-    with step_values.bound(values):
-      return _train_step(state, batch, key)
-
-  def _train_step(state: TrainState, batch, key):
+  def train_step(state: TrainState, batch, key, values: StepValues):
     step_key = jax.random.fold_in(key, state.step)
     prepare_key, dropout_key = jax.random.split(step_key)
     real_tokens = jnp.sum(batch["segment_ids"] > 0, dtype=jnp.float32)   # not padding (loop: real tok/s, MFU)
-    batch = objective.prepare(batch, prepare_key, state.step)
+    batch = objective.prepare(batch, prepare_key, state.step, values)
     grad_fn = jax.grad(loss_sums, has_aux=True)
     if accum == 1:
-      grads, sums = grad_fn(state.params, batch, dropout_key)
+      grads, sums = grad_fn(state.params, batch, dropout_key, values)
     else:
       def body(carry, xs):
         micro, i = xs
-        g, s = grad_fn(state.params, micro, jax.random.fold_in(dropout_key, i))
+        g, s = grad_fn(state.params, micro, jax.random.fold_in(dropout_key, i), values)
         return jax.tree.map(jnp.add, carry, (g, s)), None
       first = jax.tree.map(lambda x: x[0], _microbatches(batch, accum))
       zeros = jax.tree.map(jnp.zeros_like, (state.params, jax.eval_shape(grad_fn, state.params, first,
-                                                                         dropout_key)[1]))
+                                                                         dropout_key, values)[1]))
       (grads, sums), _ = jax.lax.scan(body, zeros, (_microbatches(batch, accum), jnp.arange(accum)))
     # Gradient of the mean loss over the whole global batch, however it was split.
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums[objective.count_key], 1.0), grads)
@@ -170,18 +144,17 @@ def make_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, obj
                    finite=finite.astype(jnp.float32))
     return new_state, metrics
 
-  def eval_step(params, batch, key, values):
-    with step_values.bound(values):
-      return objective.evaluate(nnx.merge(graphdef, params), batch, key, batch_sh)
+  def eval_step(params, batch, key, values: StepValues):
+    return objective.evaluate(nnx.merge(graphdef, params), batch, key, batch_sh, values)
 
   init = jax.jit(init_fn, out_shardings=state_sh)
   train_jit = jax.jit(train_step, donate_argnums=(0,), in_shardings=(state_sh, batch_sh, repl, repl),
                       out_shardings=(state_sh, repl))
   eval_jit = jax.jit(eval_step, in_shardings=(state_sh.params, batch_sh, repl, repl), out_shardings=repl)
-  values = step_values.of(config)   # numpy scalars, replicated by the jit (the AOT tool's mesh holds no data)
   return Trainer(config=config, mesh=mesh, graphdef=graphdef, tx=tx, schedule=schedule,
-                 state_sharding=state_sh, batch_sharding=batch_sh, init=init,
-                 train_step=BoundStep(train_jit, values), eval_step=BoundStep(eval_jit, values), objective=objective)
+                 state_sharding=state_sh, batch_sharding=batch_sh, init=init, train_step=train_jit,
+                 eval_step=eval_jit, objective=objective, description=description,
+                 values=StepValues.of(config))   # numpy scalars, replicated by the jit (the AOT tool's mesh holds no data)
 
 
 def fresh_or_init_from(trainer: Trainer) -> Callable[[], TrainState]:
