@@ -17,17 +17,16 @@ import numpy as np
 MIN_ITEM = 2   # BOS + EOS of an empty document
 
 
-def next_fit(lengths, seq_len: int) -> tuple:
-  """(row of each item, its offset in the row), int64 arrays: one open row; an item that does not fit
+def next_fit(lengths, seq_len: int) -> np.ndarray:
+  """The first item of each row (int64) of a next-fit packing: one open row; an item that does not fit
   what is left of it starts the next row."""
-  rows, offsets, row, fill = array.array("q"), array.array("q"), -1, 0
-  for n in np.asarray(lengths).tolist():
-    if row < 0 or fill + n > seq_len:
-      row, fill = row + 1, 0
-    rows.append(row)
-    offsets.append(fill)
+  starts, fill = [0], 0
+  for i, n in enumerate(np.asarray(lengths).tolist()):
+    if fill + n > seq_len:
+      starts.append(i)
+      fill = 0
     fill += n
-  return np.frombuffer(rows, np.int64), np.frombuffer(offsets, np.int64)
+  return np.asarray(starts if len(lengths) else [], np.int64)
 
 
 def concat_pieces(lengths, seq_len: int) -> tuple:

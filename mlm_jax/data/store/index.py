@@ -74,7 +74,7 @@ def _segmented(order, lens, seq_len, fit="next", window=0):
     doc, start, length = doc[by_row], start[by_row], length[by_row]
     starts = np.searchsorted(row[by_row], np.arange(int(row.max()) + 1))
   else:
-    starts = np.flatnonzero(np.diff(packing.next_fit(length + 2, seq_len)[0], prepend=-1))
+    starts = packing.next_fit(length + 2, seq_len)
   row_ptr = np.append(starts, doc.size)
   row_tokens = np.add.reduceat(length + 2, starts) if doc.size else np.zeros(0, np.int64)
   return doc, start, length, row_ptr, row_tokens

@@ -83,11 +83,14 @@ class Packer:
     s = self.seq_len
     lens = tf.cast(ids.row_lengths(), tf.int32)
     n = tf.size(lens)
-    row_of_chunk, offset = (tf.cast(tf.ensure_shape(t, [None]), tf.int32) for t in tf.numpy_function(
-        functools.partial(packing.next_fit, seq_len=s), [lens], [tf.int64] * 2, stateful=False))
-    nrows = tf.reduce_max(tf.concat([[-1], row_of_chunk], 0)) + 1
-    first = tf.math.unsorted_segment_min(tf.range(n), row_of_chunk, nrows)
-    seg_of_chunk = tf.range(n) - tf.gather(first, row_of_chunk) + 1
+    first = tf.cast(tf.ensure_shape(tf.numpy_function(functools.partial(packing.next_fit, seq_len=s), [lens],
+                                                      tf.int64, stateful=False), [None]), tf.int32)
+    nrows = tf.size(first)
+    row_of_chunk = tf.searchsorted(first, tf.range(n), side="right") - 1
+    row_first = tf.gather(first, row_of_chunk)   # the first chunk of each chunk's row
+    before = tf.cumsum(lens, exclusive=True)
+    offset = before - tf.gather(before, row_first)
+    seg_of_chunk = tf.range(n) - row_first + 1
     pos = tf.ragged.range(lens).flat_values
     where = tf.stack([tf.repeat(row_of_chunk, lens), tf.repeat(offset, lens) + pos], axis=1)
     shape = tf.stack([nrows, s])
