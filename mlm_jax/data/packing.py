@@ -70,8 +70,9 @@ class Window:
         heapq.heappush(self.buckets.setdefault(seq_len - self.fill[k], []), self.row[k] if oldest_first else k)
     self.rooms = sorted(self.buckets)   # room values with a non-empty bucket
 
-  def _take(self, room: int, key=None) -> int:
-    """The slot of `key` (None: the first) in the bucket of `room`, removed from it."""
+  def _take(self, at: int, key=None) -> int:
+    """The slot of `key` (None: the first) in the bucket of the at-th smallest room, removed from it."""
+    room = self.rooms[at]
     heap = self.buckets[room]
     if key is None:
       key = heapq.heappop(heap)
@@ -80,7 +81,7 @@ class Window:
       heapq.heapify(heap)
     if not heap:
       del self.buckets[room]
-      del self.rooms[bisect.bisect_left(self.rooms, room)]
+      self.rooms.pop(at)
     return self.slot_of.pop(key) if self.oldest_first else key
 
   def _close(self, slot: int, closed: list, at: int) -> None:
@@ -99,12 +100,12 @@ class Window:
     for i, n in enumerate(lengths):
       k = bisect.bisect_left(rooms, n)
       if k < len(rooms):
-        slot = self._take(rooms[k])
+        slot = self._take(k)
       else:
         if not self.free:   # close the fullest row, or the oldest
           oldest = min(self.slot_of) if oldest_first else None
-          room = s - fill[self.slot_of[oldest]] if oldest_first else rooms[0]
-          self._close(self._take(room, oldest), closed, i)
+          at = bisect.bisect_left(rooms, s - fill[self.slot_of[oldest]]) if oldest_first else 0
+          self._close(self._take(at, oldest), closed, i)
         slot = heapq.heappop(self.free)
         row[slot], self.rows = self.rows, self.rows + 1
       off = fill[slot]
@@ -116,8 +117,9 @@ class Window:
       if room < min_room:
         self._close(slot, closed, i + 1)
         continue
-      key = row[slot] if oldest_first else slot
+      key = slot
       if oldest_first:
+        key = row[slot]
         self.slot_of[key] = slot
       if room in buckets:
         heapq.heappush(buckets[room], key)
