@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from mlm_jax.data import best_fit
+from mlm_jax.data import packing
 from mlm_jax.config import defaults
 from mlm_jax.data.store import shards
 from mlm_jax.data.store import index as store_index
@@ -215,7 +215,7 @@ def test_worker_processes_build_the_same_batches(store, tmp_path):
 def test_best_fit_window():
   """Least room that fits, ties to the lowest slot, the fullest row closed when the window is full;
   the same rows whether the items come in one call or in groups with the window carried."""
-  w = best_fit.Window(10, 2)
+  w = packing.Window(10, 2)
   slots, offsets, rows, closed = w.place([6, 5, 4, 7])
   # 6 -> new row 0; 5 -> new row 1; 4 -> row 0 (room 4 is the least that fits; then full: closed);
   # 7 -> new row 2 in the freed slot 0
@@ -227,8 +227,8 @@ def test_best_fit_window():
   assert list(slots) == [0, 0] and list(rows) == [3, 3] and closed == [(0, 0, 2), (2, 0, 3)]
   rng = np.random.default_rng(0)
   items = rng.integers(2, 64, 3000).tolist()
-  one = best_fit.Window(64, 16).place(items)
-  w, got = best_fit.Window(64, 16), []
+  one = packing.Window(64, 16).place(items)
+  w, got = packing.Window(64, 16), []
   for a in range(0, len(items), 100):
     got.append(w.place(items[a:a + 100])[2])
   assert list(one[2]) == [r for g in got for r in g]

@@ -241,7 +241,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   # segmented rows: 'best' = each document (chunk) goes into the open row with the least room that
   # still fits it, among `packing_window` open rows (the fullest is closed when a new one is
   # needed); 'next' = one open row, closed when a document does not fit (more padding:
-  # docs/design_notes.md#best_fit). A config.json or data state without this field reads as
+  # docs/design_notes.md#packing-library). A config.json or data state without this field reads as
   # 'next', so such runs resume onto the rows they started on.
   d.packing_fit = PACKING_FIT
   d.packing_window = 256         # open rows; more = fuller rows, more memory (streaming: rows x seq_len)

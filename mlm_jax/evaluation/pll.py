@@ -10,17 +10,21 @@ one compiled step on the run's mesh scores any set with no padding but the tails
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlm_jax.data import packing
 from mlm_jax.errors import NoMaskedLM, UserError
 from mlm_jax.model import sharding
 
 # Rows kept open for best fit while packing: enough that nearly every slot holds a token.
 OPEN_ROWS = 8
+MIN_ROOM = 3       # a row with room for less is closed: no copy is shorter (BOS, a piece, EOS)
 ROW_LEN = 128      # tokens a row by default: copies of 8-25 tokens (BLiMP's) fill ~90% of it
 SLOT_MULTIPLE = 8
 # Masked-copy tokens packed at a time (a sentence of n tokens has at most n copies of n): the host holds
@@ -45,7 +49,7 @@ class Packed:
 
 
 class WordStarts:
-  """The tokenizer's word-start rule as pretraining applies it (data/store/prepare.py, data/text/packing.py):
+  """The tokenizer's word-start rule as pretraining applies it (data/store/prepare.py, data/text/tf_packing.py):
   a piece starts a word by its table entry, or after a piece that ends in whitespace; the first always."""
 
   def __init__(self, tok):
@@ -87,35 +91,6 @@ def unit_masks(ids: np.ndarray, special: np.ndarray, starts: np.ndarray | None,
   return right & ~special[None, :], one
 
 
-class _Rows:
-  """Best fit of equal-length copies into rows of `row_len`, over the last OPEN_ROWS rows."""
-
-  def __init__(self, row_len: int, one_per_row: bool):
-    self.row_len, self.one_per_row = row_len, one_per_row
-    self.used, self.copies, self.open = [], [], []
-
-  def place(self, length: int, count: int):
-    """Yields (row, offset, first segment, copies) blocks holding `count` copies of `length` tokens."""
-    while count:
-      fits = [r for r in self.open if self.row_len - self.used[r] >= length]
-      if fits:
-        r = min(fits, key=lambda r: self.row_len - self.used[r])
-      else:
-        r = len(self.used)
-        self.used.append(0)
-        self.copies.append(0)
-        self.open.append(r)
-        if len(self.open) > OPEN_ROWS:
-          self.open.pop(0)
-      k = 1 if self.one_per_row else min(count, (self.row_len - self.used[r]) // length)
-      yield r, self.used[r], self.copies[r] + 1, k
-      self.used[r] += k * length
-      self.copies[r] += k
-      count -= k
-      if self.one_per_row or self.row_len - self.used[r] < 3:
-        self.open.remove(r)
-
-
 def longest(row_len: int, max_len: int) -> int:
   """The most tokens (with BOS/EOS) a sentence may have: the model's positions (0 = any), at most a row."""
   return min(max_len or row_len, row_len)
@@ -129,7 +104,11 @@ def pack(sentences: list, row_len: int, tok, variant: str = "token", one_per_row
   max_len = longest(row_len, max_len)
   special_ids = np.asarray(tok.special_ids)
   starts_of = WordStarts(tok) if check_variant(variant) != "token" else None
-  rows = _Rows(row_len, one_per_row)
+  # Best fit of the copies over the last OPEN_ROWS rows (the oldest closed first); one_per_row closes
+  # each row after its first copy. Copies of a sentence that land in one row are one block.
+  rows = packing.Window(row_len, OPEN_ROWS, min_room=row_len + 1 if one_per_row else MIN_ROOM,
+                        oldest_first=True)
+  copies_in = collections.Counter()   # copies placed so far in each row
   blocks = []   # (row, offset, first segment, copies [k, L], scored [k, L], ids, sentence)
   for s, sentence in enumerate(sentences):
     ids = np.asarray(sentence, np.int32)
@@ -137,12 +116,15 @@ def pack(sentences: list, row_len: int, tok, variant: str = "token", one_per_row
       raise UserError(f"sentence {s} is {len(ids)} tokens long with BOS/EOS; the model reads at most {max_len}")
     special = np.isin(ids, special_ids)
     masked, scored = unit_masks(ids, special, starts_of(ids) if starts_of else None, variant)
+    _, offsets, row_of, _ = rows.place([len(ids)] * len(masked))
     done = 0
-    for r, offset, seg, k in rows.place(len(ids), len(masked)):
-      blocks.append((r, offset, seg, np.where(masked[done:done + k], tok.mask_id, ids[None, :]),
-                     scored[done:done + k], ids, s))
+    for r, run in itertools.groupby(row_of):
+      k = len(list(run))
+      blocks.append((r, offsets[done], copies_in[r] + 1,
+                     np.where(masked[done:done + k], tok.mask_id, ids[None, :]), scored[done:done + k], ids, s))
+      copies_in[r] += k
       done += k
-  n_rows = len(rows.used)
+  n_rows = rows.rows
   input_ids = np.full((n_rows, row_len), tok.pad_id, np.int32)
   segment_ids = np.zeros((n_rows, row_len), np.int32)
   positions = np.zeros((n_rows, row_len), np.int32)

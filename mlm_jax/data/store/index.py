@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 
 from mlm_jax import paths
+from mlm_jax.data import packing
 from mlm_jax.errors import DataError
 
 INDEX_VERSION = 1   # of the cache folder's format (the files below)
@@ -35,17 +36,6 @@ def permute(index, seed: int, salt: int, epoch: int, size: int) -> np.ndarray:
   return tf.random.experimental.index_shuffle(index, seeds, np.int64(size - 1)).numpy()
 
 
-def _next_fit(wrapped: np.ndarray, seq_len: int) -> np.ndarray:
-  """Start indices of the rows of a next-fit packing of items of these lengths (<= seq_len)."""
-  starts, fill = [0], 0
-  for i, n in enumerate(wrapped.tolist()):
-    if fill + n > seq_len:
-      starts.append(i)
-      fill = 0
-    fill += n
-  return np.asarray(starts, np.int64)
-
-
 def index_version(packing: str, fit: str) -> int:
   """The version of the index that (packing, fit) builds (concat rows do not depend on the fit)."""
   return _FIT_VERSION[fit] if packing == "segmented" else 1
@@ -59,13 +49,12 @@ def _best_fit(wrapped: np.ndarray, seq_len: int, window: int) -> np.ndarray:
   source's rows) are packed again, their items longest first (best-fit decreasing, which fills
   rows nearly completely when the sizes vary): offline, the index can see the end coming.
   """
-  from mlm_jax.data import best_fit
-  win = best_fit.Window(seq_len, window)
+  win = packing.Window(seq_len, window)
   rows = np.frombuffer(win.place(wrapped.tolist())[2], np.int64).copy()
   tail = np.nonzero(np.isin(rows, [win.row[k] for k in win.open_slots()]))[0]
   if tail.size > 1:
     by_size = tail[np.argsort(-wrapped[tail], kind="stable")]
-    again = best_fit.Window(seq_len, tail.size).place(wrapped[by_size].tolist())[2]
+    again = packing.Window(seq_len, tail.size).place(wrapped[by_size].tolist())[2]
     rows[by_size] = win.rows + np.frombuffer(again, np.int64)
   return np.unique(rows, return_inverse=True)[1].reshape(-1)   # rows 0.., no gaps
 
@@ -85,7 +74,7 @@ def _segmented(order, lens, seq_len, fit="next", window=0):
     doc, start, length = doc[by_row], start[by_row], length[by_row]
     starts = np.searchsorted(row[by_row], np.arange(int(row.max()) + 1))
   else:
-    starts = _next_fit(length + 2, seq_len) if doc.size else np.zeros(0, np.int64)
+    starts = packing.next_fit(length + 2, seq_len)
   row_ptr = np.append(starts, doc.size)
   row_tokens = np.add.reduceat(length + 2, starts) if doc.size else np.zeros(0, np.int64)
   return doc, start, length, row_ptr, row_tokens
@@ -94,19 +83,12 @@ def _segmented(order, lens, seq_len, fit="next", window=0):
 def _concat(order, lens, seq_len):
   """Pieces in the wrapped coordinates of a document: 0 = BOS, 1..n = tokens, n+1 = EOS."""
   wl = lens[order].astype(np.int64) + 2
-  cum = np.concatenate([[0], np.cumsum(wl)])
-  total = int(cum[-1])
-  first_row, last_row = cum[:-1] // seq_len, (cum[1:] - 1) // seq_len
-  n_pieces = last_row - first_row + 1
-  doc_pos = np.repeat(np.arange(order.size), n_pieces)
-  row = np.repeat(first_row, n_pieces) + (np.arange(doc_pos.size) -
-                                          np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces))
-  lo = np.maximum(cum[doc_pos], row * seq_len)
-  hi = np.minimum(cum[doc_pos + 1], (row + 1) * seq_len)
+  doc_pos, start, length, row = packing.concat_pieces(wl, seq_len)
+  total = int(wl.sum())
   n_rows = (total + seq_len - 1) // seq_len
   row_ptr = np.searchsorted(row, np.arange(n_rows + 1))
   row_tokens = np.minimum(seq_len, total - np.arange(n_rows) * seq_len)
-  return order[doc_pos], lo - cum[doc_pos], hi - lo, row_ptr, row_tokens
+  return order[doc_pos], start, length, row_ptr, row_tokens
 
 
 def build(lens: np.ndarray, seq_len: int, packing: str, order: np.ndarray, fit: str = "next",

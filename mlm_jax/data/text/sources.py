@@ -30,7 +30,7 @@ def as_written(fn):
 
   The input path's functions are graph code already (tf ops, tf.cond / tf.while_loop; Python branches
   only on Python values), so autograph's rewrite of them only costs start-up time, at every run's
-  start (docs/design_notes.md#packing).
+  start (docs/design_notes.md#tf_packing).
   """
   return tf.autograph.experimental.do_not_convert(fn)
 

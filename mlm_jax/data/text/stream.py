@@ -16,12 +16,12 @@ import tensorflow as tf
 from mlm_jax.config import choices, defaults
 from mlm_jax.data import fingerprint, specs
 from mlm_jax.data.specs import mixing_weights
-from mlm_jax.data.text import packing
+from mlm_jax.data.text import tf_packing
 from mlm_jax.data.text import sources
 from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.data.tokenizers import load as tokenizer_load
 
-FEATURES = packing.FEATURES
+FEATURES = tf_packing.FEATURES
 _AUTOTUNE = tf.data.AUTOTUNE
 
 
@@ -97,7 +97,7 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
     stats = new_stats(c)
   tokenize = tok.tf_tokenize()
   npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
-  packer = packing.Packer(tok, c.seq_len, stats, npc)
+  packer = tf_packing.Packer(tok, c.seq_len, stats, npc)
   rows = []
   for i, src in enumerate(srcs):
     docs = src.documents(

@@ -1,15 +1,16 @@
-"""Streaming packing: tokenized documents -> fixed-length rows, inside the tf.data graph.
+"""Streaming packing: tokenized documents -> fixed-length rows, inside the tf.data graph (the placement
+of documents in rows is data/packing.py's; this adapter lays the tokens out).
 
 `segmented` rows (whole documents or chunks, each in BOS/EOS, numbered by segment id) by best fit over
 `data.packing_window` rows carried across batches, or by next fit within a batch; `concat` rows are
-RoBERTa's FULL-SENTENCES stream. Details: docs/design_notes.md#packing.
+RoBERTa's FULL-SENTENCES stream. Details: docs/design_notes.md#tf_packing.
 """
 import functools
 
 import numpy as np
 import tensorflow as tf
 
-from mlm_jax.data import best_fit
+from mlm_jax.data import packing
 from mlm_jax.data.text import sources
 from mlm_jax.data.tokenizers import base as tokenizer_base
 
@@ -70,7 +71,7 @@ class Packer:
     """Next-fit packing of whole documents (chunks) into rows, one batch of documents at a time.
 
     Each tokenized batch is packed on its own (a parallel, stateless map), so only its last row
-    can be short: a little fill traded for stateless parallelism (docs/design_notes.md#packing).
+    can be short: a little fill traded for stateless parallelism (docs/design_notes.md#tf_packing).
     """
     del finite  # every batch is flushed: nothing is ever left over
     s = self.seq_len
@@ -82,22 +83,14 @@ class Packer:
     s = self.seq_len
     lens = tf.cast(ids.row_lengths(), tf.int32)
     n = tf.size(lens)
-
-    def body(i, fill, row, rows, offsets):
-      start_new = fill + lens[i] > s
-      row = tf.where(start_new, row + 1, row)
-      off = tf.where(start_new, 0, fill)
-      return i + 1, off + lens[i], row, rows.write(i, row), offsets.write(i, off)
-
-    _, _, last, rows, offsets = tf.while_loop(
-        lambda i, *_: i < n, body,
-        (tf.constant(0), tf.constant(0), tf.constant(0),
-         tf.TensorArray(tf.int32, size=n), tf.TensorArray(tf.int32, size=n)))
-    row_of_chunk = rows.stack()
-    offset = offsets.stack()
-    nrows = tf.where(n > 0, last + 1, 0)
-    first = tf.math.unsorted_segment_min(tf.range(n), row_of_chunk, nrows)
-    seg_of_chunk = tf.range(n) - tf.gather(first, row_of_chunk) + 1
+    first = tf.cast(tf.ensure_shape(tf.numpy_function(functools.partial(packing.next_fit, seq_len=s), [lens],
+                                                      tf.int64, stateful=False), [None]), tf.int32)
+    nrows = tf.size(first)
+    row_of_chunk = tf.searchsorted(first, tf.range(n), side="right") - 1
+    row_first = tf.gather(first, row_of_chunk)   # the first chunk of each chunk's row
+    before = tf.cumsum(lens, exclusive=True)
+    offset = before - tf.gather(before, row_first)
+    seg_of_chunk = tf.range(n) - row_first + 1
     pos = tf.ragged.range(lens).flat_values
     where = tf.stack([tf.repeat(row_of_chunk, lens), tf.repeat(offset, lens) + pos], axis=1)
     shape = tf.stack([nrows, s])
@@ -199,11 +192,11 @@ def _best_fit_step(seq_len, window, pad, ids, ws, seg, pos, fill, row, chunk_ids
   """One batch of chunks (BOS/EOS included) into the open rows -> (new open rows, closed rows).
 
   Open rows: [window, seq_len] ids, word starts, segment ids, positions, then each row's fill and
-  number (best_fit.Window's state); the closed rows come out as four [closed, seq_len] arrays in
+  number (packing.Window's state); the closed rows come out as four [closed, seq_len] arrays in
   the order of FEATURES (input_ids, segment_ids, positions, word_starts).
   """
   ids, ws, seg, pos = (np.array(a) for a in (ids, ws, seg, pos))   # the inputs are TF's buffers
-  win = best_fit.Window(seq_len, window, fill, row)
+  win = packing.Window(seq_len, window, fill, row)
   slots, offsets, _, closed = win.place(lens.tolist())
   starts = (np.cumsum(lens) - lens).tolist()
   out = []
