@@ -27,7 +27,7 @@ import ml_collections
 from mlm_jax.config import choices
 
 MODES = choices.CHOICES["model.matmul"]
-# config.json files written before the field lack it and mean this value (workdir/files.py `migrate`).
+# config.json files written before the field lack it and mean this value (workdir/migrate.py).
 NEW_FIELDS = dict(matmul="auto")
 
 

@@ -1,0 +1,84 @@
+"""The one place for compatibility with earlier workdirs: config.json upgraded to today's layout, step by step.
+
+Each version's file is upgraded to the next one's by one function of `STEPS`, so a reader (workdir/files.py)
+sees only today's layout, and no other module keeps a branch for an older file:
+
+  1 (no `version`): one flat config, the resolved one, as runs wrote it before the user's config and the
+    derived values were kept apart; fields added since are filled in with what those runs meant.
+  2: {"version": 2, "config": the user's config, "derived": what resolution derived} (config/derived.py).
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from mlm_jax.config import derived as derived_lib
+from mlm_jax.errors import CheckpointError
+from mlm_jax.model import attention, encoder, matmul
+from mlm_jax.objectives import registry
+
+VERSION = 2
+
+
+def version_of(raw: dict) -> int:
+  """The layout version of a config.json's contents (1: a flat config without `version`)."""
+  version = raw.get("version")
+  return version if isinstance(version, int) and isinstance(raw.get("config"), dict) else 1
+
+
+def config_json(raw: dict, where: str = "config.json") -> dict:
+  """`raw` (a config.json's contents, any version) as today's layout: {"version", "config", "derived"}."""
+  version = version_of(raw)
+  if version > VERSION:
+    raise CheckpointError(f"{where}: layout version {version}, newer than this mlm_jax reads ({VERSION})")
+  while version < VERSION:
+    raw = STEPS[version](raw)
+    version += 1
+  return raw
+
+
+def migrate_model(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`cfg` (a config.json's `model`) with the fields added since it was written filled in, as older
+  runs meant them: encoder.MODEL_FIELDS (every bias and norm), encoder.LTG_FIELDS (off), attention.NEW_FIELDS
+  (all-global, unscanned), matmul.NEW_FIELDS (`auto`) and `embedding_norm` (post-LN normalized the
+  embeddings, pre-LN did not)."""
+  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **encoder.LTG_FIELDS, **attention.NEW_FIELDS,
+                               **matmul.NEW_FIELDS}.items()
+             if k not in cfg}
+  if "embedding_norm" not in cfg:
+    missing["embedding_norm"] = cfg.norm == "post"
+  if not missing:
+    return cfg
+  out = ml_collections.ConfigDict(cfg.to_dict())
+  out.update(missing)
+  return out
+
+
+def _complete(flat: dict) -> dict:
+  """A flat (version 1) config with the fields added since it was written, as the run that wrote it meant them."""
+  config = ml_collections.ConfigDict(flat)
+  if "kind" not in config:   # written before configs said what they are for: the sections tell
+    config.kind = "finetuning" if "task" in config else "pretraining"
+  if "model" in config:
+    config.model = migrate_model(config.model)
+  if "data" in config and "packing_fit" not in config.data:
+    config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
+  if "electra" in config and "share_embedding_norm" not in config.electra:
+    config.electra.share_embedding_norm = False   # each tower kept its own embedding LayerNorm then
+  if "objective" not in config and config.kind == "pretraining":   # runs from before objectives existed were MLM
+    config.objective = registry.DEFAULT
+  return derived_lib.as_json(config)
+
+
+def _v1_to_v2(flat: dict) -> dict:
+  """Completed, then the fields only resolution sets (the tokenizer's ids) moved into `derived`; the rest
+  stays the config (which of its values the user set and which were derived, the file does not say)."""
+  config = _complete(flat)
+  derived = {}
+  for dotted in derived_lib.FROM_TOKENIZER:
+    section, field = dotted.split(".")
+    if field in config.get(section, {}):
+      derived.setdefault(section, {})[field] = config[section].pop(field)
+  return {"version": 2, "config": config, "derived": derived}
+
+
+STEPS = {1: _v1_to_v2}   # version -> the function that upgrades its contents to the next version
