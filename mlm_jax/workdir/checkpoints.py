@@ -7,7 +7,6 @@ atomically; shapes are checked against the config before restoring, one line nam
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 from typing import Any
@@ -19,7 +18,7 @@ from absl import logging
 from mlm_jax import paths
 from mlm_jax.errors import CheckpointError
 from mlm_jax.model.tree_paths import path_name
-from mlm_jax.workdir import save_errors
+from mlm_jax.workdir import migrate, save_errors
 
 
 def _handlers() -> dict:
@@ -116,22 +115,20 @@ class Checkpointer:
   def wait(self) -> None:
     self.check(wait=True)
 
-  def check_compatible(self, step: int, abstract_state: Any) -> Any:
-    """Raise CheckpointError naming the first parameter whose shape or presence differs; returns the
-    checkpoint's tree metadata."""
+  def check_compatible(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
+    """Raise CheckpointError naming the first parameter whose shape or presence differs; returns the tree
+    to restore into and the function that makes `abstract_state`'s of it (workdir/migrate.py)."""
     try:
       meta = self.manager.item_metadata(step)["state"]
     except Exception as e:  # unreadable metadata: a corrupt or foreign checkpoint
       raise Unreadable(f"checkpoint {self.directory}/{step} cannot be read: {type(e).__name__}: {e}") from e
-    check_shapes(meta, abstract_state, f"{self.directory}/{step}")
-    return meta
+    item, upgrade = migrate.checkpoint_item(meta, abstract_state)
+    check_shapes(meta, item, f"{self.directory}/{step}")
+    return item, upgrade
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
     """Restore into the shardings of `abstract_state` (ShapeDtypeStructs with .sharding)."""
-    meta = self.check_compatible(step, abstract_state)
-    item, without_ema = abstract_state, _saved_without_ema(meta, abstract_state)
-    if without_ema:   # written before the state had an `ema` field (train.ema_decay off: it stays None)
-      item = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state) if f.name != "ema"}
+    item, upgrade = self.check_compatible(step, abstract_state)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(item), data=ocp.args.JsonRestore())
     try:
       restored = self.manager.restore(step, args=args)
@@ -139,8 +136,7 @@ class Checkpointer:
       raise Unreadable(f"checkpoint {self.directory}/{step} could not be restored: "
                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     logging.info("restored checkpoint %s/%d", self.directory, step)
-    state = abstract_state.replace(**restored.state) if without_ema else restored.state
-    return state, dict(restored.data or {})
+    return upgrade(restored.state), dict(restored.data or {})
 
 
   def restore_newest(self, abstract_state: Any, on_corrupt: str = "fallback") -> tuple[int, Any, dict]:
@@ -195,13 +191,6 @@ class Checkpointer:
     finally:
       with contextlib.suppress(Exception):   # after a failed save orbax raises its error again here
         self.manager.close()
-
-
-def _saved_without_ema(meta: Any, abstract_state: Any) -> bool:
-  """A train state without EMA restoring a checkpoint written before the state had the field."""
-  if not dataclasses.is_dataclass(abstract_state) or getattr(abstract_state, "ema", 0) is not None:
-    return False
-  return "ema" not in meta.keys()
 
 
 def abstract_with_shardings(abstract_state: Any, shardings: Any) -> Any:

@@ -1,13 +1,18 @@
-"""The one place for compatibility with earlier workdirs: config.json upgraded to today's layout, step by step.
+"""The one place for compatibility with earlier workdirs: config.json upgraded to today's layout, step by
+step, and a checkpoint of an older train state read into today's.
 
-Each version's file is upgraded to the next one's by one function of `STEPS`, so a reader (workdir/files.py)
-sees only today's layout, and no other module keeps a branch for an older file:
+Each version's config.json is upgraded to the next one's by one function of `STEPS`, so a reader
+(workdir/files.py) sees only today's layout, and no other module keeps a branch for an older file:
 
   1 (no `version`): one flat config, the resolved one, as runs wrote it before the user's config and the
-    derived values were kept apart; fields added since are filled in with what those runs meant.
+    derived values were kept apart; fields added since are filled in with what those runs meant (a
+    phase's `values` too).
   2: {"version": 2, "config": the user's config, "derived": what resolution derived} (config/derived.py).
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
 
 import ml_collections
 
@@ -66,7 +71,28 @@ def _complete(flat: dict) -> dict:
     config.electra.share_embedding_norm = False   # each tower kept its own embedding LayerNorm then
   if "objective" not in config and config.kind == "pretraining":   # runs from before objectives existed were MLM
     config.objective = registry.DEFAULT
-  return derived_lib.as_json(config)
+  out = derived_lib.as_json(config)
+  if out.get("phases"):
+    out["phases"] = _phase_values(out["phases"])
+  return out
+
+
+# What config/phases.recorded writes into each phase besides its overrides.
+_PHASE_RECORD_KEYS = ("name", "end_step", "end_tokens", "start_step", "values")
+
+
+def _phase_values(phases: list) -> list:
+  """Phases recorded before each carried its `values` (the fields that differ between the phases): a
+  phase's values are then its own overrides over those of the phases before it (a field only a later
+  phase set keeps the last phase's value), as at_step read them."""
+  out, values = [], {}
+  for entry in phases:   # as recorded: a list of [key, value] pairs
+    pairs = dict(entry)
+    values.update({k: v for k, v in pairs.items() if k not in _PHASE_RECORD_KEYS})
+    if "values" not in pairs:
+      entry = list(entry) + [["values", [[k, v] for k, v in values.items()]]]
+    out.append(entry)
+  return out
 
 
 def _v1_to_v2(flat: dict) -> dict:
@@ -82,3 +108,47 @@ def _v1_to_v2(flat: dict) -> dict:
 
 
 STEPS = {1: _v1_to_v2}   # version -> the function that upgrades its contents to the next version
+
+
+def checkpoint_item(meta: Any, abstract_state: Any) -> tuple[Any, Callable[[Any], Any]]:
+  """(the tree to restore a checkpoint into, the function that makes today's state of what restored it), for
+  a checkpoint whose tree metadata is `meta` and today's `abstract_state`:
+
+  - a checkpoint written before the train state had `ema` restores without it (train.ema_decay off: the
+    field stays None);
+  - an optimizer state saved as optax.adamw's own nested chain (Adam, the decay mask, the learning rate:
+    runs before training/optim.py built AdamW's parts in its own chain) restores nested, then flattened
+    into today's chain (the same arrays, the same update).
+  """
+  if not dataclasses.is_dataclass(abstract_state):
+    return abstract_state, lambda restored: restored
+  item, upgrades = abstract_state, []
+  at = _nested_adamw_at(meta["opt_state"] if "opt_state" in meta.keys() else None,
+                        getattr(abstract_state, "opt_state", None))
+  if at is not None:
+    opt = abstract_state.opt_state
+    item = item.replace(opt_state=opt[:at] + (tuple(opt[at:at + 3]),) + opt[at + 3:])
+    upgrades.append(lambda s: s.replace(opt_state=s.opt_state[:at] + tuple(s.opt_state[at]) + s.opt_state[at + 1:]))
+  if getattr(abstract_state, "ema", 0) is None and "ema" not in meta.keys():
+    base, item = item, {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name != "ema"}
+    upgrades.insert(0, lambda restored: base.replace(**restored))   # first: the dict back into a state
+
+  def upgrade(restored):
+    for step in upgrades:
+      restored = step(restored)
+    return restored
+
+  return item, upgrade
+
+
+def _nested_adamw_at(saved: Any, opt_state: Any) -> int | None:
+  """Where `saved` (a checkpoint's opt_state metadata) holds optax.adamw's state as one nested chain of
+  three, where today's chain `opt_state` holds the three in a row; None when it does not."""
+  if saved is None or type(opt_state) is not tuple or not isinstance(saved, (list, tuple)):
+    return None
+  if len(saved) != len(opt_state) - 2:
+    return None
+  for at, part in enumerate(saved):
+    if isinstance(part, (list, tuple)) and len(part) == 3 and isinstance(part[0], dict) and "mu" in part[0]:
+      return at
+  return None
