@@ -1,8 +1,9 @@
 """Pretraining binary: python -m mlm_jax.train --config=configs/demo.py --workdir=DIR
 
-Flags -> resolve (config, tokenizer, objective) -> build (trainer, input, evaluator, probe) -> the
-one loop. Re-running the same command resumes from the latest checkpoint in DIR; SIGTERM
-(preemption, on any host) saves one step agreed by every host and exits 75 (training/preemption.py).
+Flags -> provision (demo corpus, tokenizer, transformers import) -> resolve (config, tokenizer,
+objective) -> build (trainer, input, evaluator, probe) -> the one loop. Re-running the same command
+resumes from the latest checkpoint in DIR; SIGTERM (preemption, on any host) saves one step agreed by
+every host and exits 75 (training/preemption.py).
 """
 from __future__ import annotations
 

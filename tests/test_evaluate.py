@@ -161,9 +161,8 @@ def test_a_gpt_bert_run_is_scored_and_exported_with_its_shift(pll_case, workdir,
   _, rows = pll_case
   run = tmp_path / "gpt_bert"
   shutil.copytree(workdir, run)
-  record = json.loads((run / "config.json").read_text())
-  record["config"]["objective"] = "gpt_bert"   # the user's config (config.json keeps the derived values apart)
-  (run / "config.json").write_text(json.dumps(record))
+  config = json.loads((run / "config.json").read_text())
+  (run / "config.json").write_text(json.dumps(dict(config, objective="gpt_bert")))
   lm = fill_mask.from_workdir(str(run))
   graphdef, params = nnx.split(lm.model, nnx.Param)
   got = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, shift=lm.shift)(params, rows[:2])

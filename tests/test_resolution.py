@@ -44,15 +44,15 @@ def test_the_user_facing_defaults_hold_no_derived_value():
 
 @pytest.fixture(scope="module")
 def provisioned(tmp_path_factory):
-  """A tiny run whose tokenizer provisioning trains on a 60 kB corpus: (the user's config, workdir)."""
+  """A tiny run whose tokenizer provisioning trains on 100 kB of the demo corpus (Python's documentation):
+  (the user's config, workdir)."""
+  from mlm_jax.data import demo_corpus
   root = tmp_path_factory.mktemp("resolution")
-  corpus = root / "corpus.txt"
-  corpus.write_text("".join(f"line {i} of the text, with words such as {i % 7} and {i % 13}.\n"
-                            for i in range(1500)))
+  corpus = demo_corpus.write(str(root / "corpus"), max_bytes=100_000)
   c = default_config()
   c.demo_corpus = False
   c.tokenizer.vocab_size = 400
-  c.data.update(sources=(str(corpus),), seq_len=32)
+  c.data.update(sources=(corpus,), seq_len=32)
   c.model.update(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_position_embeddings=34)
   workdir = root / "run"
   workdir.mkdir()
@@ -69,7 +69,7 @@ def test_resolution_leaves_the_user_config_and_the_workdir_as_they_were(provisio
   before, files_before = c.to_dict(), sorted(os.listdir(workdir))
   run = resolve.resolve_pretraining(c, str(workdir))
   assert c.to_dict() == before and sorted(os.listdir(workdir)) == files_before
-  assert run.user.to_dict() == before
+  assert run.user is not c and run.user.to_dict() == before
   derived = run.derived
   for dotted, auto in DERIVED.items():
     value = _get(derived, dotted)

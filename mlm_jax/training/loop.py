@@ -79,7 +79,7 @@ class Loop:
   phases: Any = None
   # The config as the user gave it (resolve.Resolved.user): config.json keeps it apart from what resolution
   # derived; None: the trainer's config is recorded as the user's.
-  user_config: Any = None
+  user_config: ml_collections.ConfigDict | None = None
   preempted: bool = False                # after run(): whether preemption ended it
   stopped_at: int = 0                    # after run(): the last step trained (and saved, when preempted)
   _phase: Any = None                     # the current phase's PhaseParts

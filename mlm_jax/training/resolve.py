@@ -39,7 +39,7 @@ class Resolved:
   notes: tuple = ()               # what was assumed (resolve_for_compile)
   phases: tuple = ()              # config.phases parsed (config/phases.Phase); () for a run without
   phase_configs: tuple = ()       # each phase's resolved config; `config` is the last one's
-  user: ml_collections.FrozenConfigDict | None = None   # the config as the user gave it (None: `config`)
+  user: ml_collections.ConfigDict | None = None   # a copy of the config as the user gave it (None: `config`)
 
   @property
   def derived(self) -> dict:
@@ -105,7 +105,7 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: t
   """What depends on the platform the step runs on ('cpu', 'gpu', 'tpu': the mesh's, which for the
   AOT tool is not the host's): the attention implementation (`auto` -> splash / cudnn / xla), how
   matmuls are written (model.matmul `auto` -> f32_out / xla) and the number of prediction slots,
-  written into the config so the jitted step uses them as they are.
+  written into `config` (resolution's own copy: the resolved config) so the jitted step uses them as they are.
   Returns why that implementation (also logged)."""
   _, seq_len = seq_len_of(config)
   packed = config.kind == PRETRAINING and config.data.packing == "segmented"   # rows that hold several documents
@@ -148,15 +148,10 @@ def _bind_store_tokenizer(config: ml_collections.ConfigDict) -> None:
     config.data.tokenizer = loader.store_tokenizer_path(config.data)
 
 
-def tokenizer_path(config: ml_collections.ConfigDict, workdir: str) -> str:
+def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
   """The tokenizer a settled config (see `settle`) names: `data.tokenizer` (its own, a token store's, an
   init_from source's) or, when none, WORKDIR/tokenizer/spm.model, which provisioning trains."""
-  return workdir_files.tokenizer_path(workdir, config)
-
-
-def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
-  """The tokenizer at `tokenizer_path`, which must exist."""
-  path = tokenizer_path(config, workdir)
+  path = workdir_files.tokenizer_path(workdir, config)
   if paths.missing(path) and not config.data.tokenizer:
     raise ConfigError(f"{path}: no trained tokenizer (provision.pretraining trains one on data.sources first)")
   if paths.missing(path):
@@ -185,7 +180,7 @@ def settle(config: ml_collections.ConfigDict, workdir: str,
            overrides: dict | None = None) -> tuple[ml_collections.ConfigDict, type, list]:
   """(an editable copy of `config` with its sources, init_from / branch_from source and tokenizer path
   settled, the objective, the parsed phases): the part of resolution provisioning needs too (it trains a
-  tokenizer only when `tokenizer_path` names none). Checks first what fails fast: choices, phases, the
+  tokenizer only when the settled `data.tokenizer` is empty). Checks first what fails fast: choices, phases, the
   objective's own rules, source names. `overrides`: the command line's `--config.*` values (see
   bind_init_from)."""
   config = _copy(config)
@@ -214,7 +209,7 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
 
   `overrides`: the command line's `--config.*` values (see bind_init_from).
   """
-  user = freeze(config)
+  user = _copy(config)
   config, objective, phases = settle(config, workdir, overrides)
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
@@ -257,7 +252,7 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
   The ids only pick which tokens masking may touch, so they change neither the memory nor the
   FLOPs of the step; the vocabulary size does, and must be given.
   """
-  user, config, notes = freeze(config), _copy(config), []
+  user, config, notes = _copy(config), _copy(config), []
   objective = registry.load(config.objective)
   v = config.model.vocab_size
   if v <= 0:
@@ -360,7 +355,7 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
   the tokenizer is the source's unless `tokenizer` is set; `init_from` becomes the source folder.
   """
   from mlm_jax.config.defaults import model_defaults
-  user, config = freeze(config), _copy(config)
+  user, config = _copy(config), _copy(config)
   choices.check_config(config)
   source = init_source(init_from or config.init_from, workdir)
   source_cfg = workdir_files.config_at(source)

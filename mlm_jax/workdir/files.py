@@ -55,7 +55,8 @@ def check_is_run(workdir: str) -> None:
                         "is: give a new folder or an mlm_jax run's workdir")
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str, user: ml_collections.ConfigDict | None = None) -> None:
+def write_config(config: ml_collections.ConfigDict, workdir: str,
+                 user: ml_collections.ConfigDict | None = None) -> None:
   """WORKDIR/config.json: the user's config and what resolution derived from it (the fields of the resolved
   `config` that differ), apart; written once by process 0 before the first step. `user` None: `config`
   is recorded as it is, nothing derived (a converted or merged model's)."""
