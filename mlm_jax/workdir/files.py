@@ -44,8 +44,8 @@ def check_is_run(workdir: str) -> None:
     config = json.loads(text)
   except ValueError:
     config = None
-  if isinstance(config, dict) and migrate.version_of(config) > 1:
-    config = config["config"]
+  if isinstance(config, dict) and migrate.version_of(config) > 1:   # the resolved config it records
+    config = derived_lib.merge(config["config"], config.get("derived") or {})
   if isinstance(config, dict) and isinstance(config.get("model"), dict) and (
       config.get("kind") in RUN_KINDS or isinstance(config.get("train"), dict) or isinstance(config.get("task"), dict)):
     return
