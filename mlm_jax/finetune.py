@@ -1,7 +1,7 @@
 """Fine-tuning binary: python -m mlm_jax.finetune --config=configs/finetune/TASK.py --init_from=SRC --workdir=DIR
 
 SRC is a pretraining workdir, a `tools/convert_checkpoint.py from_hf` folder, or a transformers folder
-(converted once into DIR/init_model). Flags -> finetuning.finetuner.finetune: resolve, build the task
+(converted once into DIR/init_model). Flags -> finetuning.finetuner.finetune: provision, resolve, build the task
 and its head, run the one loop, score the best checkpoint.
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Pretraining binary: python -m mlm_jax.train --config=configs/demo.py --workdir=DIR
 
-Flags -> resolve (config, tokenizer, objective) -> build (trainer, input, evaluator, probe) -> the
-one loop. Re-running the same command resumes from the latest checkpoint in DIR; SIGTERM
-(preemption, on any host) saves one step agreed by every host and exits 75 (training/preemption.py).
+Flags -> provision (demo corpus, tokenizer, transformers import) -> resolve (config, tokenizer,
+objective) -> build (trainer, input, evaluator, probe) -> the one loop. Re-running the same command
+resumes from the latest checkpoint in DIR; SIGTERM (preemption, on any host) saves one step agreed by
+every host and exits 75 (training/preemption.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mlm_jax.data import inputs
 from mlm_jax.errors import Preempted
 from mlm_jax.evaluation import heldout, probe
 from mlm_jax.model import sharding
-from mlm_jax.training import loop, phase_runner, resolve, trainer as trainer_lib
+from mlm_jax.training import loop, phase_runner, provision, resolve, trainer as trainer_lib
 from mlm_jax.workdir import files as workdir_files, lock
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py), fields overridable "
@@ -55,7 +56,7 @@ def _phased_loop(run: resolve.Resolved, workdir: str) -> loop.Loop:
                                  run.objective, make_io)
   first = stages.trainer(0)
   return loop.Loop(first, workdir, None, None, trainer_lib.fresh_or_init_from(first), tokens_per_example=0,
-                   flops_per_token=0.0, phases=stages)
+                   flops_per_token=0.0, phases=stages, user_config=run.user)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> dict:
@@ -68,6 +69,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, override
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None) -> dict:
+  provision.pretraining(config, workdir, overrides)
   run = resolve.resolve_pretraining(config, workdir, overrides)
   if run.phases:
     the_loop = _phased_loop(run, workdir)
@@ -80,7 +82,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, overrides: dict | No
         held_out(run, trainer, workdir),
         trainer_lib.fresh_or_init_from(trainer), tokens_per_example=seq_len,
         flops_per_token=run.objective.flops_per_token(config, seq_len, config.masking.max_predictions),
-        probe=probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None)
+        probe=probe.Probe(trainer, run.tokenizer) if config.train.probe_every > 0 else None, user_config=run.user)
   last = the_loop.run()
   if the_loop.preempted:
     raise Preempted(the_loop.stopped_at, jax.process_count())

@@ -165,7 +165,7 @@ def test_configs_of_older_runs_without_the_new_fields_still_build():
   """config.json files written before these options lack their fields: they mean all-global, unscanned."""
   import ml_collections
   from mlm_jax.model import encoder
-  from mlm_jax.workdir import files as workdir_files
+  from mlm_jax.workdir import migrate
   old = ml_collections.ConfigDict({k: v for k, v in _cfg().to_dict().items() if k not in attention.NEW_FIELDS})
-  _, params = encoder.abstract_model(workdir_files.migrate_model(old))   # completed once, when config.json is read
+  _, params = encoder.abstract_model(migrate.migrate_model(old))   # completed once, when config.json is read
   assert "layers" in params and flops.attended_keys(old, 128) == 3 * 128

@@ -245,9 +245,13 @@ def test_from_hf_output_is_what_init_from_loads(tmp_path, spm):
   assert resolved.model.dtype == "bfloat16" and resolved.masking.mask_id == tok.mask_id
   with pytest.raises(ConfigError, match=r"--config.model.num_layers=3 contradicts init_from=.*model.num_layers=2"):
     resolve.resolve_pretraining(demo, str(run), {"model.num_layers": 3})
-  # A transformers folder is converted into WORKDIR/init_model; this one carries no tokenizer, so the
-  # user's data.tokenizer is kept.
+  # A transformers folder is converted into WORKDIR/init_model by provisioning (resolution only reads);
+  # this one carries no tokenizer, so the user's data.tokenizer is kept.
+  from mlm_jax.training import provision
   demo.init_from, demo.data.tokenizer = str(src), spm["xlmr"].model_path
+  with pytest.raises(ConfigError, match=r"is a transformers folder not converted yet into .*init_model"):
+    resolve.resolve_pretraining(demo, str(run), {})
+  provision.pretraining(demo, str(run), {})
   resolved = resolve.resolve_pretraining(demo, str(run), {}).config
   assert resolved.init_from == str(run / "init_model") and resolved.model.num_layers == 2
 

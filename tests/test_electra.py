@@ -156,7 +156,7 @@ def test_runs_from_before_the_shared_embedding_norm_keep_one_per_tower():
   old = default_config().to_dict()
   old["objective"] = "electra"
   del old["electra"]["share_embedding_norm"]
-  config = workdir_files.migrate(ml_collections.ConfigDict(old))
+  config = workdir_files.resolved_of(old)
   assert config.electra.share_embedding_norm is False
   config.model.update(_config().model.to_dict())
   _, shapes = electra_model.abstract_pair(config)
@@ -177,7 +177,7 @@ def test_an_electra_run_that_could_not_export_is_refused_at_start(tmp_path):
   before anything is written (demo corpus, tokenizer), in one line naming the config that works."""
   import importlib.util
   import pathlib
-  from mlm_jax.training import resolve
+  from mlm_jax.training import provision, resolve
   from mlm_jax.errors import ConfigError
   configs = pathlib.Path(__file__).resolve().parents[1] / "configs"
   spec = importlib.util.spec_from_file_location("demo", configs / "demo.py")
@@ -186,7 +186,7 @@ def test_an_electra_run_that_could_not_export_is_refused_at_start(tmp_path):
   c = demo.get_config()
   c.objective = "electra"
   with pytest.raises(ConfigError, match=r"^model.position_offset=2: .*configs/electra_small.py:demo$") as e:
-    resolve.resolve_pretraining(c, str(tmp_path))
+    provision.pretraining(c, str(tmp_path))
   assert "\n" not in str(e.value) and not list(tmp_path.iterdir())
   spec = importlib.util.spec_from_file_location("electra_small", configs / "electra_small.py")
   electra_small = importlib.util.module_from_spec(spec)

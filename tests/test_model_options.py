@@ -113,7 +113,7 @@ def test_modernbert_switches_and_the_pre_ln_layout_of_older_configs():
   """The switches remove exactly their parameters; a pre-LN config.json from before `embedding_norm` (no such
   key) builds the model it described: no embedding norm, its final norm still named `embeddings_norm`."""
   from mlm_jax.model.encoder import abstract_model
-  from mlm_jax.workdir.files import migrate_model   # an older config.json is completed once, when read
+  from mlm_jax.workdir.migrate import migrate_model   # an older config.json is completed once, when read
   names = lambda cfg: {".".join(map(str, p)) for p, _ in nnx.to_flat_state(abstract_model(migrate_model(cfg))[1])}
   modern = names(_cfg(norm="pre", embedding_norm=True, attention_bias=False, mlp_bias=False, norm_bias=False,
                               head_bias=False, first_layer_attention_norm=False, mlp="geglu"))
@@ -164,7 +164,7 @@ def test_ltg_switches_change_the_model_and_to_hf_refuses_them():
   an older config.json (without the fields) builds the plain model."""
   from mlm_jax.convert import bert
   from mlm_jax.errors import ConversionError
-  from mlm_jax.workdir.files import migrate_model
+  from mlm_jax.workdir.migrate import migrate_model
   ids, seg, pos = _inputs()
   flat = lambda m: {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, nnx.Param))}
   base = Encoder(_cfg())

@@ -189,7 +189,8 @@ def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_on_an
   _same_losses(wd, ref_dir)
   assert set(range(4, STOP + 1, 4)) | {first} <= set(_steps(wd)), _steps(wd)
 
-  config = json.loads((ref_dir / "config.json").read_text())
+  from mlm_jax.workdir import files as workdir_files
+  config = workdir_files.read_config(str(ref_dir)).to_dict()
   assert config["data"]["tokenizer"].startswith(str(store))   # the store's own tokenizer
   logged = {m["step"]: m for m in map(json.loads, (ref_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in m}
   assert logged[STOP]["data/docs/tokens"] > 0 and 0 < logged[STOP]["data/docs/epochs"] < 1, logged[STOP]

@@ -79,7 +79,7 @@ def test_an_objective_outside_the_package_trains_and_resumes(tmp_path):
   assert [m["step"] for m in logged] == [1, 2]
   assert all(m["rows_seen"] == 8 for m in logged), logged   # its own metric, in the log (8 rows a batch)
   saved = workdir_files.read_config(str(tmp_path))
-  assert json.loads((tmp_path / "config.json").read_text())["objective"] == SPEC
+  assert json.loads((tmp_path / "config.json").read_text())["config"]["objective"] == SPEC   # as the user gave it
   assert registry.for_config(saved).__name__ == "HalfWeightMLM"
 
   again = saved.copy_and_resolve_references()

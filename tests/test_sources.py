@@ -260,12 +260,12 @@ def test_bad_specs():
 def test_a_repeated_source_name_fails_before_the_tokenizer_is_trained(tmp_path):
   """The run's one line comes at once, not after the minutes of training a tokenizer it cannot use."""
   from mlm_jax.config.defaults import default_config
-  from mlm_jax.training import resolve
+  from mlm_jax.training import provision
   (tmp_path / "a.txt").write_text("some text\n" * 50)
   c = default_config()
   c.data.sources = (f"en={tmp_path / 'a.txt'}", f"en={tmp_path / 'a.txt'}")
   with pytest.raises(DataError, match="duplicate source name 'en'"):
-    resolve.resolve_pretraining(c, str(tmp_path / "run"))
+    provision.pretraining(c, str(tmp_path / "run"))
   assert not (tmp_path / "run" / "tokenizer").exists()
 
 

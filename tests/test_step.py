@@ -78,7 +78,7 @@ def test_eight_devices_match_one(batch):
     assert specs[name] == spec, (name, specs[name])
   q = s8.params["layers"][0]["attention"]["q_kernel"][...]
   assert q.addressable_shards[0].data.shape == (16, 2, 8)   # [32/fsdp, 4/tensor, 8]
-  mu = s8.opt_state[1][0].mu["word_embeddings"][...]
+  mu = s8.opt_state[1].mu["word_embeddings"][...]
   assert mu.sharding.spec == P("tensor", "fsdp")
 
 
@@ -127,7 +127,7 @@ def test_nonfinite_update_is_skipped_and_counted(batch, still):
   assert float(m["finite"]) == 0.0 and int(new.nonfinite) == 1
   # The step did not apply anything: params are the (poisoned) inputs, Adam's moments untouched.
   assert int(new.step) == 1
-  for a in jax.tree.leaves(new.opt_state[1][0].mu):
+  for a in jax.tree.leaves(new.opt_state[1].mu):
     assert not np.asarray(a).any()
   # ... but counted it: the optimizer's step counters (the learning-rate schedule's, Adam's) move with
   # `step`, so the rate applied from here on is the one logged for each step.

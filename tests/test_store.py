@@ -428,6 +428,7 @@ def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):
   from mlm_jax.data import inputs
   from mlm_jax.model import sharding
   from mlm_jax.training import loop, resolve, trainer as trainer_lib
+  from mlm_jax.workdir import files as workdir_files
   import jax
 
   def run(steps, **data):
@@ -441,15 +442,17 @@ def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):
                                   r.objective)
     pipe = _pipe(r.config.data, tmp_path, batch=4)
     loop.Loop(tr, str(tmp_path / "run"), inputs.LoopInput(pipe), None, tr.init, tokens_per_example=32,
-              flops_per_token=1.0).run()
+              flops_per_token=1.0, user_config=r.user).run()
     with open(tmp_path / "run" / "config.json") as f:
-      return json.load(f)["data"]["packing_fit"], pipe.get_state()["rows"]
+      users = json.load(f)["config"]["data"]["packing_fit"]
+    return users, workdir_files.read_config(str(tmp_path / "run")).data.packing_fit, pipe.get_state()["rows"]
 
-  assert run(2, packing_fit="next") == ("next", 8)
+  assert run(2, packing_fit="next") == ("next", "next", 8)
   # Rerunning a finished run restores it and writes config.json (no step): under the default 'best'
-  # the first resume adopts the saved fit, and so does the second (its checkpoint is the same).
-  assert run(2) == ("next", 8)
-  assert run(2) == ("next", 8)
+  # the first resume adopts the saved fit, and so does the second (its checkpoint is the same); the
+  # user's config keeps its 'best', the fit the run reads is derived.
+  assert run(2) == ("best", "next", 8)
+  assert run(2) == ("best", "next", 8)
 
 
 @pytest.mark.parametrize("packing", ["concat", "segmented"])

@@ -47,8 +47,7 @@ def _random_workdir(source: str, size: str, row_len: int, out: str) -> str:
   ckpt = checkpoints.Checkpointer(out, async_save=False)
   ckpt.save(1, {"params": nnx.state(Encoder(config.model, seed=0), nnx.Param)}, {})
   ckpt.close()
-  with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  workdir_files.write_config(config, out)
   return out
 
 

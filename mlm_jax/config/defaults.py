@@ -141,9 +141,8 @@ def masking_defaults() -> ml_collections.ConfigDict:
   k.mask_rate_schedule_mode = "constant"
   k.span_p = 0.2                 # SpanBERT geometric parameter
   k.span_max = 10                # span: the longest span; span_uniform: spans of 1..span_max (GPT-BERT: 3)
-  # Filled from the tokenizer at start: mask id and the ids that are never selected/sampled.
-  k.mask_id = -1
-  k.special_ids = ()
+  # The mask id and the ids never selected or sampled are the tokenizer's: resolution derives them
+  # (masking.mask_id, masking.special_ids in the resolved config; config/derived.py).
   return k
 
 

@@ -211,16 +211,11 @@ def _differing_fields(configs: list) -> list[str]:
 def at_step(config: ml_collections.ConfigDict, step: int) -> ml_collections.ConfigDict:
   """The config of the phase that trained checkpoint `step` (its last step, step - 1, is that phase's),
   from a config as config.json records it (the last phase's sections and the recorded phases); a run
-  without phases: `config` itself. Phases recorded before `values` existed give their own overrides of
-  phases 0..k (a field only a later phase set keeps the last phase's value)."""
+  without phases: `config` itself."""
   entries = _entries(config)
   if not entries:
     return config
   k = next((i for i, e in enumerate(entries) if step <= int(e["end_step"])), len(entries) - 1)
   out = ml_collections.ConfigDict(config.to_dict())
-  if "values" in entries[k]:
-    apply(out, {key: _value(v) for key, v in entries[k]["values"]})
-  else:
-    for e in entries[:k + 1]:
-      apply(out, {key: _value(v) for key, v in e.items() if key not in _KEYS and key not in _RECORD_KEYS})
+  apply(out, {key: _value(v) for key, v in entries[k]["values"]})
   return out

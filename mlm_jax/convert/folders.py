@@ -312,7 +312,6 @@ def from_hf(hf_dir: str, out: str, tokenizer: str | None = None, overwrite: bool
   state = {"params": jax.tree.map(jnp.asarray, params), "step": jnp.zeros((), jnp.int32)}
   ckpt.save(0, state, {"from_hf": os.path.abspath(hf_dir), "weights": os.path.basename(source)})
   ckpt.close()
-  with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  workdir_files.write_config(config, out)
   flags = [f"--config.init_from={config.init_from}"]   # the model and tokenizer come from there
   return dict(arch=arch, out=out, weights=source, tokenizer=tok_path, train_flags=flags, fresh_head=fresh_head)

@@ -20,7 +20,7 @@ from mlm_jax.finetuning import heads
 from mlm_jax.model import flops, sharding
 from mlm_jax.tasks import task as task_lib
 from mlm_jax.tasks.features import pad_rows
-from mlm_jax.training import loop, resolve, trainer as trainer_lib
+from mlm_jax.training import loop, provision, resolve, trainer as trainer_lib
 from mlm_jax.workdir import files as workdir_files, lock, restore
 
 
@@ -128,6 +128,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | N
 
 def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | None,
               extra_evals: dict | None) -> dict:
+  provision.finetuning(config, workdir, init_from)
   run = resolve.resolve_finetuning(config, workdir, init_from)
   config, tok = run.config, run.tokenizer
   mcfg, kind = config.model, config.task.kind
@@ -156,7 +157,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, init_from: str | 
   run_loop = loop.Loop(trainer, workdir, TaskInput(task.train, config.train.batch_size, config.seed), evaluator,
                        init_state, tokens_per_example=config.seq_len,
                        flops_per_token=flops.flops_per_token(mcfg, config.seq_len, 0),
-                       best_metric=f"eval_{evaluator.best_name}")
+                       best_metric=f"eval_{evaluator.best_name}", user_config=run.user)
   run_loop.run()
   if run_loop.preempted:
     raise Preempted(run_loop.stopped_at, jax.process_count())   # the binary exits 75, as train's does

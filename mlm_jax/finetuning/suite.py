@@ -15,6 +15,7 @@ import re
 import shutil
 import time
 
+from mlm_jax import errors
 from mlm_jax.errors import DataError, Preempted
 from mlm_jax.finetuning import kept_result
 from mlm_jax.tasks.catalogue import SuiteTask, data_dir, extra_evals, load_config, select, select_zeroshot
@@ -33,8 +34,8 @@ def fit_to_model(config, source: str) -> str:
   """Sequences no longer than the model's learned positions (the demo model has 64): the budgets are
   the configs', the model decides how much text it can read. A QA window keeps its overlap: doc_stride
   is at most half the context a window holds. Returns a note for the log, or ''."""
-  with open(os.path.join(source, "config.json"), encoding="utf-8") as f:
-    m = json.load(f).get("model", {})
+  from mlm_jax.workdir import files as workdir_files
+  m = workdir_files.read_config(source).get("model", {})
   if m.get("positions", "learned") != "learned":
     return ""
   limit = int(m.get("max_position_embeddings", 512)) - int(m.get("position_offset", 0))
@@ -66,10 +67,10 @@ def pretrain_languages(init_from: str, flag: str) -> tuple[list, str]:
   """(languages, where from): the flag, else the source names of the workdir's data.sources ('en=...')."""
   if flag:
     return sorted({x.strip() for x in flag.split(",") if x.strip()}), "--pretrain_languages"
+  from mlm_jax.workdir import files as workdir_files
   try:
-    with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
-      sources = json.load(f).get("data", {}).get("sources", [])
-  except (OSError, ValueError):
+    sources = workdir_files.read_config(init_from).get("data", {}).get("sources", [])
+  except (OSError, ValueError, errors.CheckpointError):
     sources = []
   names = {s.split("=", 1)[0] for s in sources if "=" in s}
   langs = sorted(n for n in names if re.fullmatch(r"[a-z]{2,3}", n))
@@ -169,7 +170,7 @@ def run_suite(init_from: str, out: str, *, tasks="", fast: bool = False, seeds: 
       raise DataError(f"{os.path.join(data, 'downstream', t.folder)}: no such folder (the data of task {t.name!r})")
   mode, num_seeds = ("fast" if fast else "full"), seeds or (1 if fast else 3)
   os.makedirs(out, exist_ok=True)
-  source = provision.init_source(init_from, out) if chosen else init_from
+  source = provision.import_transformers(init_from, out) if chosen else init_from
   langs, langs_from = pretrain_languages(init_from, pretrain_langs)
   zeroshot = zeroshot_suite.run_tasks(
       zero, init_from=init_from, source=source, out=out, fast=fast, random_init=random_init, data=data, log=log,

@@ -21,7 +21,7 @@ from mlm_jax.errors import ConfigError
 IMPLS = choices.CHOICES["model.attention_impl"]
 SPLASH_BLOCKS = (512, 256, 128)   # the largest that divides the sequence is used
 # Fields added with these options; config.json files of older runs lack them and mean these values
-# (workdir/files.py `migrate` fills them in).
+# (workdir/migrate.py fills them in).
 NEW_FIELDS = dict(attention_impl="auto", global_attention_every=0, local_window=128, rope_theta_local=10000.0,
                   scan_layers=False)
 

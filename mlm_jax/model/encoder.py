@@ -19,7 +19,7 @@ from mlm_jax.config import step_values as step_values_lib
 from mlm_jax.errors import ConfigError
 
 # Structure switches added for ModernBERT. config.json files written before them lack them and mean
-# these values (the models they describe had every bias and norm); workdir/files.py `migrate` fills them in.
+# these values (the models they describe had every bias and norm); workdir/migrate.py fills them in.
 MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bias=True,
                     first_layer_attention_norm=True)
 # LTG-BERT / ELC-BERT / GPT-BERT switches (docs/model.md), off in older config.json files too.

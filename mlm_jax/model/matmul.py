@@ -27,13 +27,13 @@ import ml_collections
 from mlm_jax.config import choices
 
 MODES = choices.CHOICES["model.matmul"]
-# config.json files written before the field lack it and mean this value (workdir/files.py `migrate`).
+# config.json files written before the field lack it and mean this value (workdir/migrate.py).
 NEW_FIELDS = dict(matmul="auto")
 
 
 def resolve(cfg: ml_collections.ConfigDict, platform: str) -> str:
   """`model.matmul` for `platform` ('cpu', 'gpu', 'tpu': the mesh's; training/resolve.py writes it into the
-  run's config): `auto` is f32_out on CPU for a model computing in less than float32, else xla."""
+  run's resolved config): `auto` is f32_out on CPU for a model computing in less than float32, else xla."""
   return _resolve(cfg.get("matmul", "auto"), cfg.dtype, platform)
 
 

@@ -55,6 +55,9 @@ class Loop:
   # A run in phases (training/phase_runner.PhaseSet): the trainer, input and evaluators above are then
   # each phase's, set when it begins; `trainer` is phase 0's until then.
   phases: Any = None
+  # The config as the user gave it (resolve.Resolved.user): config.json keeps it apart from what resolution
+  # derived; None: the trainer's config is recorded as the user's.
+  user_config: ml_collections.ConfigDict | None = None
   preempted: bool = False                # after run(): whether preemption ended it
   stopped_at: int = 0                    # after run(): the last step trained (and saved, when preempted)
   _phase: Any = None                     # the current phase's PhaseParts
@@ -93,7 +96,7 @@ class Loop:
     self._best = BestCheckpoint(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
     base = self.phases.configs[-1] if self.phases is not None else self.trainer.config   # phases: the last one's
-    workdir_files.write_config(self._config_as_run(base), self.workdir)
+    workdir_files.write_config(self._config_as_run(base), self.workdir, self.user_config)
     start = int(jax.device_get(state.step))
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = preemption.Preemption(t.sigterm_timeout_s, start, checkpointer.wait)

@@ -151,16 +151,13 @@ def make_optimizer(o: ml_collections.ConfigDict, total_steps: int,
   if clip_rms < 0:
     raise ConfigError(f"optimizer.update_clip_rms={clip_rms}: expected >= 0 (0 = off)")
   corrected = bool(o.get("bias_correction", True))
-  if clip_rms > 0 or not corrected or name == "lamb":
-    # optax.adamw's own chain, with the clipping between the Adam direction and the weight decay; LAMB
-    # (optax.lamb's chain) scales the decayed update of each weight matrix by its trust ratio.
-    adam = optax.scale_by_adam if corrected else scale_by_adam_without_bias_correction
-    parts += [adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))]
-    parts += [clip_update_rms(clip_rms)] if clip_rms > 0 else []
-    parts += [optax.add_decayed_weights(float(o.weight_decay), mask=decay_mask)]
-    parts += [optax.masked(scale_by_trust_ratio(), decay_mask)] if name == "lamb" else []
-    parts += [optax.scale_by_learning_rate(schedule)]
-  else:   # optax.adamw itself, so optimizer states of runs from before update_clip_rms keep their layout
-    parts.append(optax.adamw(schedule, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                             weight_decay=float(o.weight_decay), mask=decay_mask))
+  # optax.adamw's own chain, with the clipping between the Adam direction and the weight decay; LAMB
+  # (optax.lamb's chain) scales the decayed update of each weight matrix by its trust ratio. Checkpoints
+  # that hold optax.adamw's state as one nested chain are read into this one by workdir/migrate.py.
+  adam = optax.scale_by_adam if corrected else scale_by_adam_without_bias_correction
+  parts += [adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))]
+  parts += [clip_update_rms(clip_rms)] if clip_rms > 0 else []
+  parts += [optax.add_decayed_weights(float(o.weight_decay), mask=decay_mask)]
+  parts += [optax.masked(scale_by_trust_ratio(), decay_mask)] if name == "lamb" else []
+  parts += [optax.scale_by_learning_rate(schedule)]
   return optax.chain(*parts)

@@ -1,16 +1,39 @@
-"""What a run needs on disk before its config can be resolved, each made once by process 0 while the
-other processes wait: the demo corpus, a tokenizer trained on the corpus, a transformers folder
-converted for `init_from`."""
+"""The one step with side effects before resolution: what a run needs on disk before its config can be
+resolved (training/resolve.py, which only reads), each made once by process 0 while the other processes
+wait: the demo corpus, a tokenizer trained on the corpus, a transformers folder converted for `init_from`.
+The binaries call `pretraining` / `finetuning` first, then resolve."""
 from __future__ import annotations
 
-import json
 import os
 
 import ml_collections
 from absl import logging
 
 from mlm_jax import runtime
-from mlm_jax.errors import ConfigError
+from mlm_jax.config import choices, phases as phases_lib
+from mlm_jax.training import resolve
+
+
+def pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> None:
+  """Everything resolve.resolve_pretraining(config, workdir, overrides) reads: the init_from source converted,
+  the demo corpus written, the tokenizer trained, each unless it exists. A config resolution would refuse
+  (a bad choice or phase, an objective's own rule) is refused before anything is written."""
+  choices.check_config(config)
+  phases_lib.parse(config)
+  if config.init_from:
+    import_transformers(config.init_from, workdir)
+  settled, _, _ = resolve.settle(config, workdir, overrides)
+  if config.demo_corpus:
+    write_demo_corpus(workdir)
+  if not settled.data.tokenizer:
+    trained_tokenizer(settled, workdir)
+
+
+def finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> None:
+  """Everything resolve.resolve_finetuning(config, workdir, init_from) reads: the source converted when it
+  is a transformers folder."""
+  choices.check_config(config)
+  import_transformers(init_from or config.init_from, workdir)
 
 
 def write_demo_corpus(workdir: str) -> str:
@@ -45,19 +68,12 @@ def trained_tokenizer(config: ml_collections.ConfigDict, workdir: str) -> str:
   return path
 
 
-def init_source(init_from: str, workdir: str) -> str:
-  """The folder holding config.json + checkpoints; a transformers folder is converted into WORKDIR/init_model once."""
-  if not init_from:
-    raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
-  path = os.path.join(init_from, "config.json")
-  if not os.path.exists(path):
-    raise ConfigError(f"init_from={init_from!r}: no config.json (expected a pretraining workdir, a from_hf "
-                      "folder or a transformers model folder)")
-  with open(path, encoding="utf-8") as f:
-    raw = json.load(f)
-  if "model_type" not in raw:
-    return init_from
-  out = os.path.join(workdir, "init_model")   # a transformers folder: convert it once, with the converter
+def import_transformers(init_from: str, workdir: str) -> str:
+  """The folder holding config.json + checkpoints (resolve.init_source); a transformers folder is converted
+  into WORKDIR/init_model once."""
+  if not init_from or not resolve.is_transformers_folder(init_from):
+    return resolve.init_source(init_from, workdir)
+  out = os.path.join(workdir, "init_model")
 
   def convert():
     if os.path.exists(os.path.join(out, "config.json")):

@@ -1,11 +1,18 @@
-"""The one resolution step: a loaded config + the workdir -> `Resolved(config, tokenizer, objective)`.
+"""The one resolution step: a loaded config + the workdir -> `Resolved(user, config, tokenizer, objective)`.
 
-The config comes back final, checked and frozen (it is written as WORKDIR/config.json); everything a run derives
-is derived here, and the objective is looked up here, once. What must exist on disk first is provision.py's.
+A pure function: it reads files (the tokenizer, an init_from source's config.json) and writes none; what
+must exist on disk first (the demo corpus, a trained tokenizer, a converted transformers folder) is made
+by provision.py, which the binaries call first. The user's config comes back untouched (`user`); the
+config the run uses (`config`) is the user's with what resolution derived over it (the tokenizer's
+vocabulary size and ids, the platform's attention kernel and matmul, the prediction slots, an init_from
+source's model), final, checked and frozen. WORKDIR/config.json keeps the two apart (workdir/files.py).
+Everything a run derives is derived here, and the objective is looked up here, once.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any
 
 import jax
@@ -13,13 +20,12 @@ import ml_collections
 from absl import logging
 
 from mlm_jax import paths
-from mlm_jax.config import choices, curricula, phases as phases_lib
+from mlm_jax.config import choices, curricula, derived as derived_lib, phases as phases_lib
 from mlm_jax.data import specs
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.errors import ConfigError
 from mlm_jax.model import attention, matmul
 from mlm_jax.objectives import masking, registry
-from mlm_jax.training import provision
 from mlm_jax.workdir import files as workdir_files, restore
 
 PRETRAINING, FINETUNING = "pretraining", "finetuning"   # config.kind
@@ -27,12 +33,18 @@ PRETRAINING, FINETUNING = "pretraining", "finetuning"   # config.kind
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-  config: ml_collections.FrozenConfigDict
+  config: ml_collections.FrozenConfigDict   # the user's config with the derived values over it: what the run reads
   tokenizer: Any                  # data/tokenizers' Tokenizer; None when compiling without one
   objective: type | None          # the pretraining objective's class; None for fine-tuning (its head is the task's)
   notes: tuple = ()               # what was assumed (resolve_for_compile)
   phases: tuple = ()              # config.phases parsed (config/phases.Phase); () for a run without
   phase_configs: tuple = ()       # each phase's resolved config; `config` is the last one's
+  user: ml_collections.ConfigDict | None = None   # a copy of the config as the user gave it (None: `config`)
+
+  @property
+  def derived(self) -> dict:
+    """What resolution derived: the fields of `config` the user's config does not hold, or holds otherwise."""
+    return derived_lib.split(self.user, self.config) if self.user is not None else {}
 
 
 def freeze(config: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
@@ -93,7 +105,7 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: t
   """What depends on the platform the step runs on ('cpu', 'gpu', 'tpu': the mesh's, which for the
   AOT tool is not the host's): the attention implementation (`auto` -> splash / cudnn / xla), how
   matmuls are written (model.matmul `auto` -> f32_out / xla) and the number of prediction slots,
-  written into the config so the jitted step uses them as they are.
+  written into `config` (resolution's own copy: the resolved config) so the jitted step uses them as they are.
   Returns why that implementation (also logged)."""
   _, seq_len = seq_len_of(config)
   packed = config.kind == PRETRAINING and config.data.packing == "segmented"   # rows that hold several documents
@@ -129,15 +141,20 @@ def _substitute_workdir(config: ml_collections.ConfigDict, workdir: str) -> None
   d.tokenizer = d.tokenizer.replace("{workdir}", workdir)
 
 
-def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
-  """`data.tokenizer`, the one a token store carries, or one trained into WORKDIR/tokenizer (once)."""
+def _bind_store_tokenizer(config: ml_collections.ConfigDict) -> None:
+  """Without `data.tokenizer`, a token store's run uses the tokenizer the store carries."""
   if not config.data.tokenizer and config.data.sources and specs.is_store(config.data):
     from mlm_jax.data.store import loader   # token stores only: a text run never imports the store package
     config.data.tokenizer = loader.store_tokenizer_path(config.data)
-  path = config.data.tokenizer
-  if not path:
-    path = provision.trained_tokenizer(config, workdir)
-  elif paths.missing(path):
+
+
+def _pretraining_tokenizer(config: ml_collections.ConfigDict, workdir: str):
+  """The tokenizer a settled config (see `settle`) names: `data.tokenizer` (its own, a token store's, an
+  init_from source's) or, when none, WORKDIR/tokenizer/spm.model, which provisioning trains."""
+  path = workdir_files.tokenizer_path(workdir, config)
+  if paths.missing(path) and not config.data.tokenizer:
+    raise ConfigError(f"{path}: no trained tokenizer (provision.pretraining trains one on data.sources first)")
+  if paths.missing(path):
     raise ConfigError(f"data.tokenizer={path!r}: no such file or folder (expected a sentencepiece .model, a "
                       "vocab.txt, a tokenizer.json or a folder holding one)")
   return tokenizer_load.load(path)
@@ -159,11 +176,13 @@ def bind_tokenizer(config: ml_collections.ConfigDict, tok) -> None:
                       f"{tok.model_path} ({tok.vocab_size} pieces)")
 
 
-def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> Resolved:
-  """For `mlm_jax.train`; writes the demo corpus / trains the tokenizer once.
-
-  `overrides`: the command line's `--config.*` values (see bind_init_from).
-  """
+def settle(config: ml_collections.ConfigDict, workdir: str,
+           overrides: dict | None = None) -> tuple[ml_collections.ConfigDict, type, list]:
+  """(an editable copy of `config` with its sources, init_from / branch_from source and tokenizer path
+  settled, the objective, the parsed phases): the part of resolution provisioning needs too (it trains a
+  tokenizer only when the settled `data.tokenizer` is empty). Checks first what fails fast: choices, phases, the
+  objective's own rules, source names. `overrides`: the command line's `--config.*` values (see
+  bind_init_from)."""
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
   phases = phases_lib.parse(config)   # and a bad phase
@@ -181,17 +200,26 @@ def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrid
   objective.check(config)   # e.g. ELECTRA's export rules, before the tokenizer is trained
   for field in ("sources", "eval_sources"):   # and a malformed or repeated source name
     specs.parse_named(config.data[field])
-  if config.demo_corpus:
-    provision.write_demo_corpus(workdir)
+  _bind_store_tokenizer(config)
+  return config, objective, phases
+
+
+def resolve_pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> Resolved:
+  """For `mlm_jax.train`, after provision.pretraining; `config` is left as it is.
+
+  `overrides`: the command line's `--config.*` values (see bind_init_from).
+  """
+  user = _copy(config)
+  config, objective, phases = settle(config, workdir, overrides)
   tok = _pretraining_tokenizer(config, workdir)
   bind_tokenizer(config, tok)
   if phases:
     configs = resolve_phases(config, phases, jax.default_backend(), objective, workdir)
-    return Resolved(configs[-1], tok, objective, phases=tuple(phases), phase_configs=configs)
+    return Resolved(configs[-1], tok, objective, phases=tuple(phases), phase_configs=configs, user=user)
   objective.bind(config)
   bind_platform(config, jax.default_backend(), objective)
   check(config, objective)
-  return Resolved(freeze(config), tok, objective)
+  return Resolved(freeze(config), tok, objective, user=user)
 
 
 def resolve_phases(config: ml_collections.ConfigDict, phases: list, platform: str, objective: type,
@@ -224,22 +252,22 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
   The ids only pick which tokens masking may touch, so they change neither the memory nor the
   FLOPs of the step; the vocabulary size does, and must be given.
   """
-  config, notes = _copy(config), []
+  user, config, notes = _copy(config), _copy(config), []
   objective = registry.load(config.objective)
   v = config.model.vocab_size
   if v <= 0:
     raise ConfigError("model.vocab_size=0 means 'from the tokenizer' at train time; pass --config.model.vocab_size=N")
-  if config.masking.mask_id < 0:
+  if config.masking.get("mask_id", -1) < 0:
     config.masking.mask_id = v - 1
     notes.append(f"masking.mask_id unset: using {v - 1} (last id, XLM-R layout)")
-  if not config.masking.special_ids:
+  if not config.masking.get("special_ids", ()):
     config.masking.special_ids = (0, 1, 2, 3)
     notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
   objective.bind(config)
   bind_platform(config, platform, objective)
   notes.append(f"attention: {config.model.attention_impl}")
   check(config, objective)
-  return Resolved(freeze(config), None, objective, tuple(notes))
+  return Resolved(freeze(config), None, objective, tuple(notes), user=user)
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,6 +277,30 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
 # Every other model field is the source's.
 RUN_MODEL_FIELDS = ("dtype", "param_dtype", "hidden_dropout", "attention_dropout", "remat", "attention_impl",
                     "scan_layers", "matmul")
+
+
+def init_source(init_from: str, workdir: str) -> str:
+  """The folder holding config.json + checkpoints: `init_from`, or for a transformers folder the
+  WORKDIR/init_model that provisioning converted it into."""
+  if not init_from:
+    raise ConfigError("--init_from is required: a pretraining workdir, a from_hf folder or a transformers folder")
+  if not is_transformers_folder(init_from):
+    return init_from
+  out = os.path.join(workdir, "init_model")
+  if not os.path.exists(os.path.join(out, "config.json")):
+    raise ConfigError(f"init_from={init_from!r} is a transformers folder not converted yet into {out} "
+                      "(provisioning converts it, before resolution)")
+  return out
+
+
+def is_transformers_folder(init_from: str) -> bool:
+  """True for a transformers model folder (its config.json has `model_type`), False for an mlm_jax run's."""
+  path = os.path.join(init_from, "config.json")
+  if not os.path.exists(path):
+    raise ConfigError(f"init_from={init_from!r}: no config.json (expected a pretraining workdir, a from_hf "
+                      "folder or a transformers model folder)")
+  with open(path, encoding="utf-8") as f:
+    return "model_type" in json.load(f)
 
 
 def _same(a, b) -> bool:
@@ -266,7 +318,7 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
   """
   overrides = overrides or {}
   given = config.init_from
-  source = provision.init_source(given, workdir)
+  source = init_source(given, workdir)
   src = workdir_files.config_at(source)   # the newest checkpoint's, which init_from restores
   if "model" not in src:
     raise ConfigError(f"init_from={given!r}: its config.json has no model section")
@@ -296,15 +348,16 @@ def bind_init_from(config: ml_collections.ConfigDict, workdir: str, overrides: d
 # Fine-tuning
 # ------------------------------------------------------------------------------------------
 def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> Resolved:
-  """For `mlm_jax.finetune`: a config with the source's `model` section, and its tokenizer.
+  """For `mlm_jax.finetune`, after provision.finetuning: a config with the source's `model` section, and its
+  tokenizer; `config` is left as it is.
 
   The model is the source's (on top of today's defaults) with the fine-tuning dropout overrides;
   the tokenizer is the source's unless `tokenizer` is set; `init_from` becomes the source folder.
   """
   from mlm_jax.config.defaults import model_defaults
-  config = _copy(config)
+  user, config = _copy(config), _copy(config)
   choices.check_config(config)
-  source = provision.init_source(init_from or config.init_from, workdir)
+  source = init_source(init_from or config.init_from, workdir)
   source_cfg = workdir_files.config_at(source)
   model = model_defaults()
   model.update(restore.encoder_of(source_cfg)[1].to_dict())   # ELECTRA: the discriminator
@@ -325,4 +378,4 @@ def resolve_finetuning(config: ml_collections.ConfigDict, workdir: str, init_fro
     o.warmup_steps = int(round(o.get("warmup_fraction", 0.0) * config.train.steps))
   bind_platform(config, jax.default_backend())
   check(config)
-  return Resolved(freeze(config), tok, None)
+  return Resolved(freeze(config), tok, None, user=user)

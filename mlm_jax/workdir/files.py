@@ -1,8 +1,10 @@
 """A workdir's files besides its checkpoints: creating it, writing and reading config.json, finding and
 loading its tokenizer.
 
-config.json is completed once, here, when it is read (`migrate`): fields that later versions added get
-the value that older runs meant, so every other module can read any field of any config.
+config.json holds {"version", "config": the user's config, "derived": what resolution derived}
+(config/derived.py). It is read here, once: upgraded from any earlier layout by workdir/migrate.py (fields
+that later versions added get the value that older runs meant) and merged back into the resolved config,
+so every other module can read any field of any config.
 """
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ import jax
 import ml_collections
 
 from mlm_jax import paths
+from mlm_jax.config import derived as derived_lib
 from mlm_jax.errors import CheckpointError
-from mlm_jax.model import attention, encoder, matmul
-from mlm_jax.objectives import registry
+from mlm_jax.workdir import migrate
 
 
 def make_workdir(workdir: str) -> str:
@@ -42,6 +44,8 @@ def check_is_run(workdir: str) -> None:
     config = json.loads(text)
   except ValueError:
     config = None
+  if isinstance(config, dict) and migrate.version_of(config) > 1:   # the resolved config it records
+    config = derived_lib.merge(config["config"], config.get("derived") or {})
   if isinstance(config, dict) and isinstance(config.get("model"), dict) and (
       config.get("kind") in RUN_KINDS or isinstance(config.get("train"), dict) or isinstance(config.get("task"), dict)):
     return
@@ -51,55 +55,34 @@ def check_is_run(workdir: str) -> None:
                         "is: give a new folder or an mlm_jax run's workdir")
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """WORKDIR/config.json: the resolved config, written once by process 0 before the first step."""
+def write_config(config: ml_collections.ConfigDict, workdir: str,
+                 user: ml_collections.ConfigDict | None = None) -> None:
+  """WORKDIR/config.json: the user's config and what resolution derived from it (the fields of the resolved
+  `config` that differ), apart; written once by process 0 before the first step. `user` None: `config`
+  is recorded as it is, nothing derived (a converted or merged model's)."""
+  user = config if user is None else user
+  record = {"version": migrate.VERSION, "config": derived_lib.as_json(user),
+            "derived": derived_lib.split(user, config)}
   if jax.process_index() == 0:
     with paths.open_file(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+      f.write(json.dumps(record, indent=2, sort_keys=True))
 
 
-def migrate_model(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """`cfg` (a config.json's `model`) with the fields added since it was written filled in, as older
-  runs meant them: encoder.MODEL_FIELDS (every bias and norm), encoder.LTG_FIELDS (off), attention.NEW_FIELDS
-  (all-global, unscanned), matmul.NEW_FIELDS (`auto`) and `embedding_norm` (post-LN normalized the
-  embeddings, pre-LN did not)."""
-  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **encoder.LTG_FIELDS, **attention.NEW_FIELDS,
-                               **matmul.NEW_FIELDS}.items()
-             if k not in cfg}
-  if "embedding_norm" not in cfg:
-    missing["embedding_norm"] = cfg.norm == "post"
-  if not missing:
-    return cfg
-  out = ml_collections.ConfigDict(cfg.to_dict())
-  out.update(missing)
-  return out
-
-
-def migrate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The one migration of a config.json as read: older files completed, the platform's choices undone."""
-  if "kind" not in config:   # written before configs said what they are for: the sections tell
-    config.kind = "finetuning" if "task" in config else "pretraining"
+def _for_this_host(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The platform's choices undone: a model built from a config.json here (inference, conversion,
+  fine-tuning) picks the implementation of this host's platform again."""
   if "model" in config:
-    config.model = migrate_model(config.model)
-    if config.model.get("attention_impl") in ("splash", "cudnn"):
-      # Resolved for the accelerator that trained it; a model built from it here (inference, conversion,
-      # fine-tuning) picks the implementation of this host's platform again.
+    if config.model.get("attention_impl") in ("splash", "cudnn"):   # resolved for the accelerator that trained it
       config.model.attention_impl = "auto"
     if config.model.get("matmul") == "f32_out":   # likewise: CPU's choice for a bfloat16 model
       config.model.matmul = "auto"
-  if "data" in config and "packing_fit" not in config.data:
-    config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
-  if "electra" in config and "share_embedding_norm" not in config.electra:
-    config.electra.share_embedding_norm = False   # each tower kept its own embedding LayerNorm then
-  if "objective" not in config and config.kind == "pretraining":   # runs from before objectives existed were MLM
-    config.objective = registry.DEFAULT
   return config
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
-  """WORKDIR/config.json (written by the training binaries or by `from_hf`) as a ConfigDict, migrated.
+  """WORKDIR/config.json (written by the training binaries or by `from_hf`) as the resolved config, migrated.
   For the model of a checkpoint, `config_at`: in a run in phases these sections are the last phase's."""
-  return migrate(_read_json(workdir))
+  return _for_this_host(_read_json(workdir))
 
 
 def config_at(workdir: str, step: int | None = None) -> ml_collections.ConfigDict:
@@ -114,10 +97,11 @@ def config_at(workdir: str, step: int | None = None) -> ml_collections.ConfigDic
     step = checkpoints.newest_step(workdir) if step is None else step
     if step is not None:
       config = phases_lib.at_step(config, int(step))
-  return migrate(config)
+  return _for_this_host(config)
 
 
 def _read_json(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config config.json records: the user's with the derived values over it."""
   path = os.path.join(workdir, "config.json")
   if not os.path.isdir(workdir):
     raise CheckpointError(f"workdir {workdir}: no such directory")
@@ -125,9 +109,16 @@ def _read_json(workdir: str) -> ml_collections.ConfigDict:
     raise CheckpointError(f"{path}: missing (not a workdir of mlm_jax.train or a from_hf output)")
   with open(path, encoding="utf-8") as f:
     try:
-      return ml_collections.ConfigDict(json.load(f))
+      raw = json.load(f)
     except json.JSONDecodeError as e:
       raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+  return resolved_of(raw, path)
+
+
+def resolved_of(raw: dict, where: str = "config.json") -> ml_collections.ConfigDict:
+  """The resolved config a config.json's contents (any version) record: the user's with the derived over it."""
+  record = migrate.config_json(raw, where)
+  return ml_collections.ConfigDict(derived_lib.merge(record["config"], record["derived"]))
 
 
 def tokenizer_path(workdir: str, config: ml_collections.ConfigDict) -> str:

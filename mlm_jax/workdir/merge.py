@@ -92,8 +92,7 @@ def merge(sources: list[tuple[str, int]], out: str, weights: list[float] | None 
   ckpt = checkpoints.Checkpointer(out, keep=1, async_save=False)
   ckpt.save(step, {"params": merged, "step": jnp.asarray(step, jnp.int32)}, record)
   ckpt.close()
-  with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  files.write_config(config, out)
   with open(os.path.join(out, "merge.json"), "w", encoding="utf-8") as f:
     json.dump(record, f, indent=2)
   return dict(out=out, step=step, **record)

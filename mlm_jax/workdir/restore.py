@@ -8,7 +8,6 @@ its plug-in builds; converters take the parameters from there. Saving is checkpo
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -22,6 +21,7 @@ from mlm_jax.errors import CheckpointError
 from mlm_jax.model import encoder, scan_layout
 from mlm_jax.model.tree_paths import path_name
 from mlm_jax.objectives import registry
+from mlm_jax.workdir import migrate
 from mlm_jax.workdir.checkpoints import Checkpointer
 from mlm_jax.workdir.files import config_at
 
@@ -60,24 +60,22 @@ def without_keys(params: Any, names: list) -> Any:
 
 
 # -- the whole train state ---------------------------------------------------------------------------
-def _check_compatible(ckpt: Checkpointer, step: int, abstract_state: Any) -> Any:
-  """Raise CheckpointError naming the first parameter whose shape or presence differs; returns the
-  checkpoint's tree metadata."""
+def _check_compatible(ckpt: Checkpointer, step: int, abstract_state: Any) -> tuple[Any, Any]:
+  """Raise CheckpointError naming the first parameter whose shape or presence differs; returns the tree
+  to restore into and the function that makes `abstract_state`'s of it (workdir/migrate.py)."""
   try:
     meta = ckpt.manager.item_metadata(step)["state"]
   except Exception as e:  # unreadable metadata: a corrupt or foreign checkpoint
     raise Unreadable(f"checkpoint {ckpt.directory}/{step} cannot be read: {type(e).__name__}: {e}") from e
-  check_shapes(meta, abstract_state, f"{ckpt.directory}/{step}")
-  return meta
+  item, upgrade = migrate.checkpoint_item(meta, abstract_state)
+  check_shapes(meta, item, f"{ckpt.directory}/{step}")
+  return item, upgrade
 
 
 def restore_state(ckpt: Checkpointer, step: int, abstract_state: Any) -> tuple[Any, dict]:
   """(train state, data state) of checkpoint `step`, placed as `abstract_state` says (ShapeDtypeStructs
   with .sharding)."""
-  meta = _check_compatible(ckpt, step, abstract_state)
-  item, without_ema = abstract_state, _saved_without_ema(meta, abstract_state)
-  if without_ema:   # written before the state had an `ema` field (train.ema_decay off: it stays None)
-    item = {f.name: getattr(abstract_state, f.name) for f in dataclasses.fields(abstract_state) if f.name != "ema"}
+  item, upgrade = _check_compatible(ckpt, step, abstract_state)
   args = ocp.args.Composite(state=ocp.args.StandardRestore(item), data=ocp.args.JsonRestore())
   try:
     restored = ckpt.manager.restore(step, args=args)
@@ -85,8 +83,7 @@ def restore_state(ckpt: Checkpointer, step: int, abstract_state: Any) -> tuple[A
     raise Unreadable(f"checkpoint {ckpt.directory}/{step} could not be restored: "
                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
   logging.info("restored checkpoint %s/%d", ckpt.directory, step)
-  state = abstract_state.replace(**restored.state) if without_ema else restored.state
-  return state, dict(restored.data or {})
+  return upgrade(restored.state), dict(restored.data or {})
 
 
 def restore_newest(ckpt: Checkpointer, abstract_state: Any, on_corrupt: str = "fallback") -> tuple[int, Any, dict]:
@@ -133,13 +130,6 @@ def set_aside(ckpt: Checkpointer, step: int) -> str:
   runtime.sync_processes(f"set_aside_{step}")
   ckpt.manager.reload()
   return target
-
-
-def _saved_without_ema(meta: Any, abstract_state: Any) -> bool:
-  """A train state without EMA restoring a checkpoint written before the state had the field."""
-  if not dataclasses.is_dataclass(abstract_state) or getattr(abstract_state, "ema", 0) is not None:
-    return False
-  return "ema" not in meta.keys()
 
 
 # -- parameters alone --------------------------------------------------------------------------------
