@@ -41,7 +41,6 @@ def _load_config(spec: str):
 def resolved_run(args, platform: str):
   """(the resolved run: checked and frozen config, objective; why its attention implementation), as the
   binaries resolve."""
-  from mlm_jax.model import attention
   from mlm_jax.training import resolve
   from mlm_jax.config.defaults import default_config
   if args.file_config is not None:   # the file's model, objective, masking and optimizer, with the flags' sizes
@@ -65,8 +64,8 @@ def resolved_run(args, platform: str):
   c.mesh.update(dict(data=args.devices, fsdp=1, tensor=1))
   # One segment per row, no padding (the batches below), as concat packing makes them: what cudnn serves.
   c.data.update(dict(seq_len=args.seq_len, packing="concat"))
-  why = attention.resolve_impl(c.model, platform, args.seq_len, packed_documents=False)[1]
-  return resolve.resolve_for_compile(c, platform), why
+  run = resolve.resolve_for_compile(c, platform)
+  return run, next(n for n in run.notes if n.startswith("attention: "))[len("attention: "):]
 
 
 def random_batches(args, n: int = 4) -> list:

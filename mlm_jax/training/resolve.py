@@ -264,8 +264,7 @@ def resolve_for_compile(config: ml_collections.ConfigDict, platform: str = "tpu"
     config.masking.special_ids = (0, 1, 2, 3)
     notes.append("masking.special_ids unset: using (0, 1, 2, 3)")
   objective.bind(config)
-  bind_platform(config, platform, objective)
-  notes.append(f"attention: {config.model.attention_impl}")
+  notes.append(f"attention: {bind_platform(config, platform, objective)}")
   check(config, objective)
   return Resolved(freeze(config), None, objective, tuple(notes), user=user)
 
