@@ -160,7 +160,7 @@ def _stream(shared_data, tok, packing_, fit, window):
 
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: "/".join(map(str, c)))
-def test_streaming_rows_are_the_reference_and(shared_data, tok, case):
+def test_streaming_rows_are_the_reference(shared_data, tok, case):
   c, batches = _stream(shared_data, tok, *case)
   rows = {k: np.concatenate([b[k] for b in batches]) for k in stream.FEATURES}
   real = rows["segment_ids"] > 0
@@ -192,7 +192,7 @@ def test_streaming_rows_are_the_reference_and(shared_data, tok, case):
 # -- PLL ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("one_per_row", [False, True])
 @pytest.mark.parametrize("variant", pll.VARIANTS)
-def test_pll_rows_are_the_reference_and(tok, texts, variant, one_per_row):
+def test_pll_rows_are_the_reference(tok, texts, variant, one_per_row):
   sentences = pll.encode(tok, texts[:400])
   p = pll.pack(sentences, 128, tok, variant, one_per_row)
   starts = pll.WordStarts(tok)
