@@ -58,6 +58,9 @@ def test_an_older_flat_config_json_is_upgraded_step_by_step():
   assert record["derived"]["masking"]["mask_id"] == raw["masking"]["mask_id"]
   resolved = workdir_files.resolved_of(raw)
   assert resolved.data.packing_fit == "next" and resolved.masking.mask_id == raw["masking"]["mask_id"]
+  assert "loss" not in raw and "packing_window" not in raw["data"]
+  assert resolved.loss.z_loss == 0.0   # none then
+  assert resolved.masking.mask_rate_schedule_mode == "constant" and resolved.data.packing_window == 256
   assert resolved.model.hidden_size == raw["model"]["hidden_size"] == 16
   assert migrate.config_json(record) == record   # today's layout is read as it is
   with pytest.raises(CheckpointError, match="newer than this mlm_jax reads"):

@@ -71,6 +71,15 @@ def _complete(flat: dict) -> dict:
     config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
   if "data" in config and "packing_window" not in config.data:
     config.data.packing_window = 256   # its only value before it was a field
+  if "masking" in config:   # written before mask-rate schedules: a constant rate
+    for field, value in dict(mask_rate_schedule=(), mask_rate_schedule_mode="constant").items():
+      if field not in config.masking:
+        config.masking[field] = value
+  if config.kind == "pretraining":   # written before z-loss: none
+    if "loss" not in config:
+      config.loss = ml_collections.ConfigDict()
+    if "z_loss" not in config.loss:
+      config.loss.z_loss = 0.0
   if "electra" in config and "share_embedding_norm" not in config.electra:
     config.electra.share_embedding_norm = False   # each tower kept its own embedding LayerNorm then
   if "objective" not in config and config.kind == "pretraining":   # runs from before objectives existed were MLM
