@@ -57,7 +57,7 @@ def test_mask_rate_schedule_slots_sized_for_max_and_rate_applied():
   assert masking.max_predictions(cfg, 128, "cpu") == 39   # ceil(0.3 * 128): the schedule's maximum
   cfg.max_predictions = 39                                 # as resolve.bind_platform writes it
   from mlm_jax.objectives.mlm import MLM
-  config = ml_collections.ConfigDict(dict(masking=cfg, model=dict(vocab_size=100)))
+  config = ml_collections.ConfigDict(dict(masking=cfg, model=dict(vocab_size=100), loss=defaults.loss_defaults()))
   objective = MLM.step(config)
   ids = jnp.asarray(np.random.default_rng(0).integers(3, 99, (4, 128)), jnp.int32)
   batch = dict(input_ids=ids, segment_ids=jnp.ones_like(ids), positions=jnp.broadcast_to(jnp.arange(128), ids.shape))

@@ -1,8 +1,11 @@
 """Earlier workdirs read through the one migration module (workdir/migrate.py): config.json of any layout
-version upgraded step by step, and checkpoints of older train-state layouts restored into today's.
-(tests/test_round2_fixture.py resumes a whole workdir of round 2's code.)"""
+version upgraded step by step, checkpoints of older train-state layouts restored into today's, and data
+states of earlier forms resumed by today's inputs. (tests/test_round2_fixture.py resumes a whole workdir of
+round 2's code.)"""
+import hashlib
 import json
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -11,13 +14,37 @@ import optax
 import pytest
 
 from mlm_jax.config import phases as phases_lib
+from mlm_jax.config import defaults
 from mlm_jax.config.defaults import default_config, optimizer_defaults
-from mlm_jax.errors import CheckpointError
+from mlm_jax.data.store import loader, prepare
+from mlm_jax.data.text import stream
+from mlm_jax.data.tokenizers import spm_training
+from mlm_jax.errors import CheckpointError, DataError
 from mlm_jax.training import optim
 from mlm_jax.training.trainer import TrainState
 from mlm_jax.workdir import checkpoints, files as workdir_files, migrate, restore
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "round2"
+DE = "corpus/de/gutenberg_kalamine/*.txt.gz"
+EN = "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
+
+
+@pytest.fixture(scope="module")
+def tok(shared_data, tmp_path_factory):
+  """tests/test_store.py's tokenizer: 600 pieces on German and English."""
+  root = tmp_path_factory.mktemp("migrate_tok")
+  return spm_training.train([f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"], str(root / "spm"),
+                            vocab_size=600, max_sentences_per_language=2000, input_sentence_size=4000, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def store(shared_data, tok, tmp_path_factory):
+  """tests/test_store.py's store recipe."""
+  root = str(tmp_path_factory.mktemp("migrate_store") / "s")
+  options = prepare.Options(tokenizer=tok.model_path, eval_percent=2.0,
+                            sources=(f"de={shared_data / DE}", f"en=tsv:1:{shared_data / EN}"))
+  prepare.prepare(options, root, progress_s=1e9, log=lambda s: None)
+  return root
 
 
 def test_an_older_flat_config_json_is_upgraded_step_by_step():
@@ -31,6 +58,9 @@ def test_an_older_flat_config_json_is_upgraded_step_by_step():
   assert record["derived"]["masking"]["mask_id"] == raw["masking"]["mask_id"]
   resolved = workdir_files.resolved_of(raw)
   assert resolved.data.packing_fit == "next" and resolved.masking.mask_id == raw["masking"]["mask_id"]
+  assert "loss" not in raw and "packing_window" not in raw["data"]
+  assert resolved.loss.z_loss == 0.0   # none then
+  assert resolved.masking.mask_rate_schedule_mode == "constant" and resolved.data.packing_window == 256
   assert resolved.model.hidden_size == raw["model"]["hidden_size"] == 16
   assert migrate.config_json(record) == record   # today's layout is read as it is
   with pytest.raises(CheckpointError, match="newer than this mlm_jax reads"):
@@ -114,3 +144,126 @@ def test_todays_train_state_restores_as_it_was_saved(tmp_path):
   restored, _ = restore.restore_state(ckpt, 2, abstract)
   ckpt.close()
   assert jax.tree.structure(restored) == jax.tree.structure(state)
+
+
+def _store_pipe(store, tmp_path, **kw):
+  c = defaults.data_defaults()
+  c.sources, c.seq_len, c.mix_alpha = (f"store:{store}",), 32, 0.5
+  c.update(kw)
+  return loader.StorePipeline(c, 8, seed=3, cache_dir=str(tmp_path / "index"))
+
+
+def _resume(pipe, saved: dict):
+  """The input continues from `saved` as training/loop.py hands it over: through migrate.data_state."""
+  pipe.set_state(migrate.data_state(saved, **pipe.resume_facts()))
+  return pipe
+
+
+# A data state exactly as the store pipeline of c545c96 (the commit before data.packing_fit existed) saved
+# it: tests/test_store.py's tokenizer and store recipe, mix_alpha 0.5, seq_len 32, seed 3, batch 8, 3 batches
+# read. Only the paths (`sources`, and `stores`, the store's manifest fingerprint) are the fixture's; the rest
+# is the literal JSON.
+_C545C96_STORE_STATE = {
+    "config": {"index_version": 1, "mix_alpha": 0.5, "mix_alpha_schedule": [], "mix_block": 4096,
+               "packing": "segmented", "seed": 3, "seq_len": 32, "source_sizes": [], "source_start_steps": [],
+               "sources": ["store:STORE"], "split": "train"},
+    "fingerprint": "ec134d0cf65d57c0", "kind": "store", "rows": 24, "stores": {"de": "", "en": ""},
+    "tokens_local": {"de": 355, "en": 254}, "version": 1}
+
+
+def test_a_store_state_from_before_packing_fit_resumes_on_its_next_fit_rows(store, tmp_path):
+  """A store state that names no fit (saved before data.packing_fit, and naming the store by its path)
+  resumes onto the same next-fit rows under the default 'best', which config.json then records; without
+  the migration the input refuses it."""
+  reference = _store_pipe(store, tmp_path, packing_fit="next")
+  want = [next(reference) for _ in range(6)][3:]
+  legacy = json.loads(json.dumps(_C545C96_STORE_STATE).replace("STORE", store))
+  legacy["stores"] = {k: reference.get_state()["stores"]["de"] for k in legacy["stores"]}
+  with pytest.raises(KeyError):
+    _store_pipe(store, tmp_path).set_state(legacy)
+  first = _resume(_store_pipe(store, tmp_path), legacy)
+  assert first.fit == "next" and first.adopted_config() == {"data.packing_fit": "next"}
+  for w in want:
+    got = next(first)
+    assert all((got[k] == w[k]).all() for k in loader.FEATURES)
+
+
+def test_a_store_state_naming_its_store_by_path_resumes_on_that_path(store, tmp_path):
+  """A state written when the config's paths were part of it resumes on those paths, not on a moved copy."""
+  run = _store_pipe(store, tmp_path)
+  for _ in range(3):
+    next(run)
+  state = json.loads(json.dumps(run.get_state()))
+  want = next(run)
+  legacy = dict(state, config=dict(state["config"], sources=[f"store:{store}"]))   # the path, as written before
+  with pytest.raises(DataError, match=r"data\.sources changed"):
+    _store_pipe(store, tmp_path).set_state(legacy)
+  np.testing.assert_array_equal(next(_resume(_store_pipe(store, tmp_path), legacy))["input_ids"], want["input_ids"])
+  moved = str(tmp_path / "other_disk" / "store")
+  shutil.copytree(store, moved)
+  with pytest.raises(DataError, match=r"data\.sources changed"):
+    _resume(_store_pipe(moved, tmp_path), legacy)
+
+
+def _text_cfg(shared_data, **kw):
+  c = defaults.data_defaults()
+  c.eval_percent, c.sources, c.seq_len = 0.0, (f"en=tsv:1:{shared_data / EN}",), 32
+  c.update(kw)
+  return c
+
+
+def _c545c96_fingerprint(c, tok) -> str:
+  """A data state's fingerprint as the streaming pipeline of c545c96 (the commit before data.packing_fit
+  existed; mlm_jax/data/pipeline.py, Pipeline._fingerprints) computed it, written out here."""
+  key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources), eval_percent=c.eval_percent,
+             doc_format=c.doc_format, packing=c.packing, mix_alpha=c.mix_alpha, source_sizes=list(c.source_sizes),
+             shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files, seq_len=c.seq_len,
+             tokenize_batch=c.tokenize_batch, vocab_size=tok.vocab_size, tokenizer=tok.sha256)
+  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_a_text_state_from_before_packing_fit_resumes_on_its_next_fit_rows(shared_data, tok):
+  """A streaming state as c545c96 saved it (a fingerprint without the fit, of the sources' paths; no
+  rows_before) resumes onto the same next-fit batches under the best-fit default, which config.json then
+  records; without the migration the input refuses it."""
+  old = stream.Pipeline(_text_cfg(shared_data, packing_fit="next"), tok, 4, seed=0)
+  for _ in range(3):
+    next(old)
+  legacy = dict(version=1, batches=3, seed=0, split="train", batch_size=4, process_index=0, process_count=1,
+                fingerprint=_c545c96_fingerprint(old.config, tok))
+  want = [next(old) for _ in range(3)]
+  with pytest.raises(DataError, match="the data config differs"):
+    stream.Pipeline(_text_cfg(shared_data), tok, 4, seed=0).set_state(legacy)
+  first = _resume(stream.Pipeline(_text_cfg(shared_data), tok, 4, seed=0), legacy)
+  assert first.fit == "next" and first.adopted_config() == {"data.packing_fit": "next"}
+  for w in want:
+    got = next(first)
+    assert all((got[k] == w[k]).all() for k in stream.FEATURES)
+
+
+def test_text_fingerprints_of_earlier_forms_resume_the_same_batches(shared_data, tok):
+  """Today's fingerprint names the sources by content and holds the tokenizer's sha256; one that held the
+  sources' paths, or only the vocabulary size, and a state without process_count or rows_before resume the
+  same batches on the same paths; the same stream with another fit or data config is still refused."""
+  cfg = _text_cfg(shared_data, shuffle_buffer=50)
+  run = stream.Pipeline(cfg, tok, 4, seed=3)
+  for _ in range(3):
+    next(run)
+  state = json.loads(json.dumps(run.get_state()))
+  want = next(run)
+  key = run.fingerprint_key(run.fit)
+  by_path = dict(key, sources=list(cfg.sources), eval_sources=list(cfg.eval_sources))
+  earlier = {k: v for k, v in state.items() if k not in ("process_count", "rows_before")}
+  for form in (by_path, {k: v for k, v in by_path.items() if k != "tokenizer"}):
+    saved = dict(earlier, fingerprint=hashlib.sha256(json.dumps(form, sort_keys=True).encode()).hexdigest()[:16])
+    with pytest.raises((DataError, KeyError)):
+      stream.Pipeline(cfg, tok, 4, seed=3).set_state(saved)
+    resumed = _resume(stream.Pipeline(cfg, tok, 4, seed=3), saved)
+    assert resumed.get_state()["fingerprint"] == state["fingerprint"]
+    got = next(resumed)
+    assert all((got[k] == want[k]).all() for k in stream.FEATURES)
+  saved = dict(earlier, fingerprint=hashlib.sha256(json.dumps(by_path, sort_keys=True).encode()).hexdigest()[:16])
+  with pytest.raises(DataError, match="the data config differs"):
+    _resume(stream.Pipeline(_text_cfg(shared_data, shuffle_buffer=50, packing_fit="next"), tok, 4, seed=3), saved)
+  with pytest.raises(DataError, match="the data config differs"):
+    _resume(stream.Pipeline(_text_cfg(shared_data, shuffle_buffer=60), tok, 4, seed=3), saved)

@@ -234,39 +234,23 @@ def test_best_fit_window():
   assert list(one[2]) == [r for g in got for r in g]
 
 
-# A data state exactly as the store pipeline of c545c96 (the commit before data.packing_fit existed) saved
-# it: the same tokenizer and store recipe as the fixtures here, mix_alpha 0.5, seq_len 32, seed 3, batch 8,
-# 3 batches read. Only the paths (`sources`, and `stores`, the store's manifest fingerprint) are the
-# fixture's; the rest is the literal JSON.
-_C545C96_STATE = {
-    "config": {"index_version": 1, "mix_alpha": 0.5, "mix_alpha_schedule": [], "mix_block": 4096,
-               "packing": "segmented", "seed": 3, "seq_len": 32, "source_sizes": [], "source_start_steps": [],
-               "sources": ["store:STORE"], "split": "train"},
-    "fingerprint": "ec134d0cf65d57c0", "kind": "store", "rows": 24, "stores": {"de": "", "en": ""},
-    "tokens_local": {"de": 355, "en": 254}, "version": 1}
-
-
-def _old_state(store, fingerprint):
-  state = json.loads(json.dumps(_C545C96_STATE).replace("STORE", store))
-  state["stores"] = {k: fingerprint for k in state["stores"]}
-  return state
-
-
 def test_best_fit_fills_rows_and_next_fit_runs_resume_again_and_again(store, tmp_path):
-  """Best-fit rows are fuller than next-fit's; a run whose rows are next-fit (a state from before
-  data.packing_fit, or one that names 'next') resumes onto them under the default 'best' at every
-  resume, not only the first; an explicit 'next' against best-fit rows is refused."""
+  """Best-fit rows are fuller than next-fit's; a run whose rows are next-fit (its state names 'next')
+  resumes onto them under the default 'best' at every resume, not only the first; an explicit 'next'
+  against best-fit rows is refused. (States from before data.packing_fit: tests/test_migrate.py.)"""
   fill = {}
   for fit in ("next", "best"):
     p = _pipe(_cfg(store, tmp_path, packing_fit=fit), tmp_path)
     fill[fit] = np.mean([s.index["row_tokens"].mean() / 32 for s in p.streams])
   assert fill["best"] > fill["next"] + 0.1   # seq_len 32: 0.89 against 0.73
   reference = _pipe(_cfg(store, tmp_path, packing_fit="next", mix_alpha=0.5), tmp_path)
-  want = [next(reference) for _ in range(6)][3:]
-  legacy = _old_state(store, reference.get_state()["stores"]["de"])
+  for _ in range(3):
+    next(reference)
+  named = json.loads(json.dumps(reference.get_state()))
+  want = [next(reference) for _ in range(3)]
   first = _pipe(_cfg(store, tmp_path, mix_alpha=0.5), tmp_path)
   assert first.fit == "best" and first.adopted_config() == {}
-  first.set_state(legacy)
+  first.set_state(named)
   assert first.fit == "next" and first.adopted_config() == {"data.packing_fit": "next"}
   got = next(first)
   assert all((got[k] == want[0][k]).all() for k in loader.FEATURES)
@@ -397,9 +381,9 @@ def test_store_path_imports_neither_tensorflow_nor_the_streaming_path():
   assert p.returncode == 0, p.stderr[-2000:]
 
 
-def test_a_moved_store_resumes_and_old_states_resume_in_place(store, tmp_path):
-  """A store copied to another path is the same store (its manifest names it, not its path); a state
-  written when the config's paths were part of it still resumes on those paths."""
+def test_a_moved_store_resumes(store, tmp_path):
+  """A store copied to another path is the same store (its manifest names it, not its path). (A state
+  written when the config's paths were part of it: tests/test_migrate.py.)"""
   c = _cfg(store, tmp_path)
   run = _pipe(c, tmp_path)
   for _ in range(3):
@@ -413,12 +397,6 @@ def test_a_moved_store_resumes_and_old_states_resume_in_place(store, tmp_path):
   got = next(again)
   for k in loader.FEATURES:
     np.testing.assert_array_equal(got[k], want[k])
-  legacy = dict(state, config=dict(state["config"], sources=list(c.sources)))   # the path, as written before
-  in_place = _pipe(c, tmp_path)
-  in_place.set_state(legacy)
-  np.testing.assert_array_equal(next(in_place)["input_ids"], want["input_ids"])
-  with pytest.raises(DataError, match=r"data\.sources changed"):
-    _pipe(_cfg(moved, tmp_path), tmp_path).set_state(legacy)
 
 
 def test_config_json_records_the_fit_a_resumed_run_adopts(store, tmp_path):

@@ -8,11 +8,17 @@ removed file is a different one. More in docs/resume.md#portable-workdirs.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 from mlm_jax.data import specs
 
 SAMPLE_BYTES = 1 << 16   # hashed at each end of a file: a cheap read, also of gs:// files
+
+
+def digest(key: dict) -> str:
+  """The 16 hex digits a data state names its stream by: the sha256 of `key` as sorted JSON."""
+  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def glob_root(glob: str) -> str:

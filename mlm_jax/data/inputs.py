@@ -116,6 +116,9 @@ class RowSlice:
   def adopted_config(self) -> dict:
     return self.pipeline.adopted_config()
 
+  def resume_facts(self) -> dict:
+    return self.pipeline.resume_facts()
+
 
 class LoopInput:
   """A batch iterator as the training loop's Input: the stream is sequential, so `step` only names
@@ -146,3 +149,7 @@ class LoopInput:
   def adopted_config(self) -> dict:
     """Config fields the resumed input took from its checkpoint (config.json records them)."""
     return getattr(self.pipeline, "adopted_config", dict)()
+
+  def resume_facts(self) -> dict:
+    """What workdir/migrate.data_state needs of this input to bring an earlier data state to today's form."""
+    return getattr(self.pipeline, "resume_facts", dict)()

@@ -28,7 +28,7 @@ LTG_FIELDS = dict(extra_norms=False, layer_weighting=False)
 
 def no_hf_equivalent(cfg: ml_collections.ConfigDict) -> list[str]:
   """The switches on in `cfg` that no transformers class has (to_hf refuses such a model)."""
-  return [k for k in LTG_FIELDS if cfg.get(k, False)]
+  return [k for k in LTG_FIELDS if cfg[k]]
 
 
 def final_norm_name(cfg: ml_collections.ConfigDict) -> str | None:
@@ -182,12 +182,12 @@ class Attention(nnx.Module):
     self.v_bias = bias((n, d), ("heads", "kv"))
     self.o_bias = bias((h,), ("norm",))
     # LTG-BERT / NormFormer: a LayerNorm on the heads' output before the output projection
-    self.out_norm = _norm(cfg, param_dtype) if cfg.get("extra_norms", False) else None
+    self.out_norm = _norm(cfg, param_dtype) if cfg.extra_norms else None
     self.rotary = cfg.positions == "rotary"
     self.window = window
     self.rope_theta = cfg.rope_theta_local if window else cfg.rope_theta
     self.dropout_rate = cfg.attention_dropout
-    self.matmul = cfg.get("matmul", "auto")
+    self.matmul = cfg.matmul
 
   def __call__(self, x, ctx: attention.Context, positions, dtype, key):
     def proj(kernel, bias):
@@ -230,9 +230,9 @@ class MLP(nnx.Module):
       self.wg_bias = bias(f, ("mlp",))
     self.wo_kernel = _param(ko, (f, h), ("mlp", "embed"), "normal", std, param_dtype)
     self.wo_bias = bias(h, ("norm",))
-    self.matmul = cfg.get("matmul", "auto")
+    self.matmul = cfg.matmul
     self.hidden_norm = (LayerNorm(f, cfg.layer_norm_eps, param_dtype, bias=cfg.norm_bias)
-                        if cfg.get("extra_norms", False) else None)
+                        if cfg.extra_norms else None)
 
   def __call__(self, x, dtype):
     dense = lambda x, kernel, bias: matmul.einsum("bsi,io->bso", x, kernel[...], dtype, self.matmul, _value(bias))
@@ -311,7 +311,7 @@ def embedding_size(cfg: ml_collections.ConfigDict) -> int:
 def layer_layout(cfg: ml_collections.ConfigDict) -> tuple[int, int, int]:
   """(lead layers a, groups n, layers per group g) of the scanned model of `cfg` (mlm_jax/model/scan_layout.py)."""
   g = attention.group_size(cfg)
-  lead = 0 if cfg.get("first_layer_attention_norm", True) else min(1, cfg.num_layers)
+  lead = 0 if cfg.first_layer_attention_norm else min(1, cfg.num_layers)
   return lead, (cfg.num_layers - lead) // g, g
 
 
@@ -356,7 +356,7 @@ class Encoder(nnx.Module):
     if not cfg.first_layer_attention_norm and cfg.norm != "pre":
       raise ConfigError("model.first_layer_attention_norm=False needs model.norm='pre' (a post-LN layer's "
                         "attention norm is its residual LayerNorm)")
-    if cfg.get("layer_weighting", False) and cfg.scan_layers:
+    if cfg.layer_weighting and cfg.scan_layers:
       raise ConfigError("model.layer_weighting=True needs model.scan_layers=False (each layer reads a weighted "
                         "sum of every earlier layer's output)")
     self.cfg = cfg
@@ -394,7 +394,7 @@ class Encoder(nnx.Module):
       self.tail_layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(lead + n * g, cfg.num_layers)])
     else:
       self.layers = nnx.List([make_layer(cfg, i, layer_keys[i], pdt) for i in range(cfg.num_layers)])
-    if cfg.get("layer_weighting", False):
+    if cfg.layer_weighting:
       # ELC-BERT: row l weighs the embeddings and the outputs of layers 1..l+1 into what follows layer l+1;
       # one-hot on layer l+1's own output at init (a plain residual stack), entries past it unused.
       n = cfg.num_layers
@@ -420,8 +420,8 @@ class Encoder(nnx.Module):
 
   @property
   def matmul_mode(self) -> str:
-    """model.matmul (mlm_jax/model/matmul.py); configs written before it mean `auto`."""
-    return self.cfg.get("matmul", "auto")
+    """model.matmul (mlm_jax/model/matmul.py)."""
+    return self.cfg.matmul
 
   def __call__(self, input_ids, segment_ids, positions, token_type_ids=None, *, dropout_key=None,
                activation_sharding=None, causal=None, step_values: step_values_lib.StepValues | None = None):
@@ -466,7 +466,7 @@ class Encoder(nnx.Module):
     outputs = [x]   # layer_weighting: the embeddings, then every layer's output
     for i, (layer, key) in enumerate(rest):
       x = pin(layer_fn(layer, x, ctx, positions, dtype, key))
-      if cfg.get("layer_weighting", False):
+      if cfg.layer_weighting:
         outputs.append(x)
         w = self.layer_weights[...][i, :i + 2].astype(dtype)
         x = pin(sum(w[j] * h for j, h in enumerate(outputs)))

@@ -34,7 +34,7 @@ NEW_FIELDS = dict(matmul="auto")
 def resolve(cfg: ml_collections.ConfigDict, platform: str) -> str:
   """`model.matmul` for `platform` ('cpu', 'gpu', 'tpu': the mesh's; training/resolve.py writes it into the
   run's resolved config): `auto` is f32_out on CPU for a model computing in less than float32, else xla."""
-  return _resolve(cfg.get("matmul", "auto"), cfg.dtype, platform)
+  return _resolve(cfg.matmul, cfg.dtype, platform)
 
 
 def _resolve(mode: str, dtype, platform: str) -> str:

@@ -16,8 +16,8 @@ from mlm_jax.objectives.interface import Description
 
 
 def z_loss_weight(config: ml_collections.ConfigDict) -> float:
-  """loss.z_loss (0 = off; configs written before the field have none)."""
-  z = float(config.get("loss", {}).get("z_loss", 0.0))
+  """loss.z_loss (0 = off)."""
+  z = float(config.loss.z_loss)
   if z < 0:
     raise ConfigError(f"loss.z_loss={z}: expected >= 0 (PaLM uses 1e-4; 0 = off)")
   return z
@@ -41,7 +41,7 @@ class MLMStep:
     return masking.mask_batch(batch, key, self.masking, self.vocab_size, rate=self.mask_rate_at(step, values))
 
   def schedule_values(self, step: int) -> dict:
-    if not self.masking.get("mask_rate_schedule", ()):
+    if not self.masking.mask_rate_schedule:
       return {}
     return dict(mask_rate=float(curricula.mask_rate(self.masking, step)))
 

@@ -24,7 +24,7 @@ from mlm_jax.model import sharding
 from mlm_jax.training import preemption, profiling
 from mlm_jax.training.best_checkpoint import BestCheckpoint
 from mlm_jax.training.log_interval import LogInterval
-from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput, restore
+from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput, migrate, restore
 from mlm_jax.workdir.metrics_log import MetricsWriter
 
 
@@ -33,7 +33,8 @@ class Input(Protocol):
 
   def batch(self, step: int) -> dict: ...
   # Optionally also `metrics() -> dict`: input figures for the log line (a store's epochs and tokens).
-  # And `adopted_config() -> dict`: config fields a resumed input took from its checkpoint (config.json).
+  # And `adopted_config() -> dict`: config fields a resumed input took from its checkpoint (config.json),
+  # and `resume_facts() -> dict`: what workdir/migrate.data_state needs to upgrade an earlier data state.
   def get_state(self) -> dict: ...
   def set_state(self, state: dict) -> None: ...
 
@@ -84,7 +85,7 @@ class Loop:
     self.trainer, self.input, self.evaluate, self.probe = p.trainer, p.input, p.evaluate, p.probe
     self.tokens_per_example, self.flops_per_token = p.tokens_per_example, p.flops_per_token
     if saved is not None and saved.get("phase") == p.name:
-      self.input.set_state(saved)
+      self._resume_input(saved)
     elif saved is not None:
       logging.info("phase %r begins after the restored step: its input starts at its beginning", p.name)
 
@@ -157,7 +158,7 @@ class Loop:
     if self.phases is not None:
       self._enter_phase(self.phases.index_at(latest), saved)
     else:
-      self.input.set_state(saved)
+      self._resume_input(saved)
     if self._best is not None:
       self._best.set_state(saved)
     if source is not None:
@@ -165,6 +166,11 @@ class Loop:
     else:
       logging.info("resuming from step %d", latest)
     return state
+
+  def _resume_input(self, saved: dict) -> None:
+    """The input continues from the restored data state, brought to today's form first (workdir/migrate.py)."""
+    facts = getattr(self.input, "resume_facts", dict)()
+    self.input.set_state(migrate.data_state(saved, **facts))
 
   def _config_as_run(self, base: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`base` with the fields the resumed input took from its checkpoint (a run started on

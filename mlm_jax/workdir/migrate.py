@@ -1,5 +1,6 @@
 """The one place for compatibility with earlier workdirs: config.json upgraded to today's layout, step by
-step, and a checkpoint of an older train state read into today's.
+step, a checkpoint of an older train state read into today's, and a saved data state (the input's
+position) brought to today's form before the input resumes from it (`data_state`).
 
 Each version's config.json is upgraded to the next one's by one function of `STEPS`, so a reader
 (workdir/files.py) sees only today's layout, and no other module keeps a branch for an older file:
@@ -17,6 +18,7 @@ from typing import Any, Callable
 import ml_collections
 
 from mlm_jax.config import derived as derived_lib
+from mlm_jax.data import fingerprint
 from mlm_jax.errors import CheckpointError
 from mlm_jax.model import attention, encoder, matmul
 from mlm_jax.objectives import registry
@@ -67,6 +69,17 @@ def _complete(flat: dict) -> dict:
     config.model = migrate_model(config.model)
   if "data" in config and "packing_fit" not in config.data:
     config.data.packing_fit = "next"   # written before best-fit packing: the rows it trained on
+  if "data" in config and "packing_window" not in config.data:
+    config.data.packing_window = 256   # its only value before it was a field
+  if "masking" in config:   # written before mask-rate schedules: a constant rate
+    for field, value in dict(mask_rate_schedule=(), mask_rate_schedule_mode="constant").items():
+      if field not in config.masking:
+        config.masking[field] = value
+  if config.kind == "pretraining":   # written before z-loss: none
+    if "loss" not in config:
+      config.loss = ml_collections.ConfigDict()
+    if "z_loss" not in config.loss:
+      config.loss.z_loss = 0.0
   if "electra" in config and "share_embedding_norm" not in config.electra:
     config.electra.share_embedding_norm = False   # each tower kept its own embedding LayerNorm then
   if "objective" not in config and config.kind == "pretraining":   # runs from before objectives existed were MLM
@@ -152,3 +165,49 @@ def _nested_adamw_at(saved: Any, opt_state: Any) -> int | None:
     if isinstance(part, (list, tuple)) and len(part) == 3 and isinstance(part[0], dict) and "mu" in part[0]:
       return at
   return None
+
+
+def data_state(saved: dict, *, process_count: int | None = None, sources: list | None = None,
+               eval_sources: list | None = None, fingerprint_keys: dict | None = None,
+               portable_sources: list | None = None) -> dict:
+  """`saved` (a checkpoint's data item) in today's form, for the input that resumes from it; the keyword
+  arguments are that input's facts (its `resume_facts()`: none for an input without earlier forms).
+
+  A token store's state (`kind` 'store'): one saved before data.packing_fit packed next-fit and names no
+  fit; one saved before sources were named by their manifest fingerprint holds the config's paths, which
+  resume as the same stores (`sources` -> `portable_sources`).
+
+  A streaming text state (`fingerprint_keys`: {fit: what today's fingerprint of the stream packed with
+  that fit hashes}): its fingerprint in an earlier form (the sources' paths as written, with the
+  tokenizer's sha256 or without it; and from before data.packing_fit, without the fit: next-fit) becomes
+  today's of the same stream and fit; a state saved before phases continued an order read no rows before
+  it (`rows_before` 0), and one saved before `process_count` was recorded is this run's.
+  """
+  out = dict(saved)
+  if portable_sources is not None and out.get("kind") == "store":
+    config = dict(out.get("config", {}))
+    config.setdefault("packing_fit", "next")
+    if config.get("sources") == list(sources):
+      config["sources"] = list(portable_sources)
+    out["config"] = config
+  if fingerprint_keys is not None and out.get("kind") is None:
+    out.setdefault("rows_before", 0)
+    out.setdefault("process_count", process_count)
+    if "fingerprint" in out:
+      earlier = _earlier_fingerprints(fingerprint_keys, list(sources), list(eval_sources))
+      out["fingerprint"] = earlier.get(out["fingerprint"], out["fingerprint"])
+  return out
+
+
+def _earlier_fingerprints(keys: dict, sources: list, eval_sources: list) -> dict:
+  """{a streaming text state's fingerprint as earlier versions wrote it: today's}, for the stream whose
+  fingerprint hashes keys[fit] when packed with `fit`."""
+  without = lambda key, field: {k: v for k, v in key.items() if k != field}
+  out = {}
+  for fit, key in keys.items():
+    forms = [key] + ([without(key, "packing_fit")] if fit == "next" else [])   # next-fit: also without a fit
+    for form in forms:
+      by_path = dict(form, sources=sources, eval_sources=eval_sources)
+      for earlier in (form, by_path, without(by_path, "tokenizer")):
+        out.setdefault(fingerprint.digest(earlier), fingerprint.digest(key))
+  return out

@@ -6,14 +6,13 @@ resume costs the same at any step and process count. Specs, curricula: docs/desi
 """
 import collections
 import concurrent.futures
-import hashlib
-import json
 import logging
 from typing import Optional
 
 import numpy as np
 
 from mlm_jax.config import curricula, defaults
+from mlm_jax.data import fingerprint
 from mlm_jax.data.specs import is_store, mixing_weights, split_named
 from mlm_jax.data.store import batch as store_batch
 from mlm_jax.data.store import shards
@@ -24,8 +23,7 @@ FEATURES = store_batch.FEATURES
 PERMUTE_BLOCK = 4096
 STATE_VERSION = 1
 # Fields of config.data that decide the store stream (the rest only matter to prepare/streaming);
-# packing_fit and packing_window are added by StorePipeline._key (a state without packing_fit is
-# from before best-fit: it reads as 'next').
+# packing_fit and packing_window are added by StorePipeline._key.
 _KEY_FIELDS = ("sources", "packing", "seq_len", "mix_alpha", "source_sizes", "mix_alpha_schedule",
                "source_start_steps")
 
@@ -117,8 +115,7 @@ class StorePipeline:
     self.config, self.seed, self.split = c, seed, split
     self.batch_size, self.process_index, self.process_count = batch_size, process_index, process_count
     self.seq_len, self.packing = c.seq_len, c.packing
-    # A config without packing_fit (an older config.json) packs as runs before best-fit did.
-    self.fit, self.window = c.get("packing_fit", "next"), int(c.get("packing_window", 256))
+    self.fit, self.window = c.packing_fit, int(c.packing_window)
     if self.fit not in ("best", "next") or self.window < 1:
       raise DataError(f"data.packing_fit={self.fit!r}, data.packing_window={self.window}: expected "
                       "'best' or 'next' and a window of at least 1 open row")
@@ -323,12 +320,12 @@ class StorePipeline:
   def _portable_sources(self) -> list:
     """data.sources with each store named by its manifest fingerprint instead of its path: a store
     moved or copied elsewhere (another disk, mount or host) is the same store."""
-    fingerprint = {s.store.root: s.store.fingerprint for s in self.streams}
+    by_root = {s.store.root: s.store.fingerprint for s in self.streams}
     out = []
     for entry in self.config.sources:
       label, spec = split_named(entry)
       root, names = shards.parse_store_spec(spec)
-      out.append((f"{label}=" if label else "") + f"store:{fingerprint[root]}" + (f":{','.join(names)}" if names else ""))
+      out.append((f"{label}=" if label else "") + f"store:{by_root[root]}" + (f":{','.join(names)}" if names else ""))
     return out
 
   def get_state(self) -> dict:
@@ -336,11 +333,12 @@ class StorePipeline:
     key = self._key()
     return dict(version=STATE_VERSION, kind="store", rows=self._rows,
                 stores={s.label: s.store.fingerprint for s in self.streams}, config=key,
-                fingerprint=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16],
+                fingerprint=fingerprint.digest(key),
                 tokens_local={s.label: int(t) for s, t in zip(self.streams, self._tokens)})
 
   def set_state(self, state: dict) -> None:
-    """Continue after `state['rows']` global rows: O(1), any process count or batch size."""
+    """Continue after `state['rows']` global rows: O(1), any process count or batch size. `state` is
+    today's form (workdir/migrate.data_state brings an earlier one to it)."""
     if state.get("kind") != "store":
       raise DataError("cannot resume from a streaming-pipeline data state with a token store "
                       "(data.sources changed from text to store:)")
@@ -350,10 +348,8 @@ class StorePipeline:
       if mine["stores"].get(label) != fp:
         raise DataError(f"cannot resume: store of source {label!r} differs from the checkpoint "
                         f"(manifest fingerprint {fp} saved, {mine['stores'].get(label)} now)")
-    # States saved before sources were named by fingerprint hold the paths: the same paths resume.
-    legacy_sources = list(self.config.sources)
     for k, v in sorted(state["config"].items(), key=lambda kv: kv[0] == "index_version"):  # the cause first
-      if mine["config"].get(k) != v and not (k == "sources" and v == legacy_sources):
+      if mine["config"].get(k) != v:
         what = (k if k in ("seed", "split", "mix_block", "index_version") else
                 "train.batch_size (data phases are in steps)" if k == "global_batch" else f"data.{k}")
         raise DataError(f"cannot resume: {what} changed ({v!r} saved, {mine['config'].get(k)!r} "
@@ -362,10 +358,10 @@ class StorePipeline:
     self._tokens[:] = [state.get("tokens_local", {}).get(s.label, 0) for s in self.streams]
 
   def _adopt_fit(self, state: dict) -> None:
-    """A run whose rows were next-fit packed (its state names 'next', or predates data.packing_fit)
-    continues on those rows when the config holds only the default 'best', every time it resumes
-    (`adopted_config` tells config.json); an explicit 'next' against saved 'best' rows is refused."""
-    saved = state.get("config", {}).get("packing_fit", "next")
+    """A run whose rows were next-fit packed (its state names 'next') continues on those rows when the
+    config holds only the default 'best', every time it resumes (`adopted_config` tells config.json); an
+    explicit 'next' against saved 'best' rows is refused."""
+    saved = state["config"]["packing_fit"]
     if saved == self.fit or self.fit != defaults.PACKING_FIT or saved not in ("best", "next"):
       return
     logging.warning("data: the checkpoint's rows are %s-fit packed; resuming with data.packing_fit=%r "
@@ -376,7 +372,11 @@ class StorePipeline:
 
   def adopted_config(self) -> dict:
     """The config fields this input took from the checkpoint instead of the config ({} if none)."""
-    return {} if self.fit == self.config.get("packing_fit", "next") else {"data.packing_fit": self.fit}
+    return {} if self.fit == self.config.packing_fit else {"data.packing_fit": self.fit}
+
+  def resume_facts(self) -> dict:
+    """What workdir/migrate.data_state needs to bring a state saved by an earlier version to today's form."""
+    return dict(sources=list(self.config.sources), portable_sources=self._portable_sources())
 
   def _stop_workers(self) -> None:
     if self._workers is not None:

@@ -6,7 +6,6 @@ the stream to it, exactly. The full interface: docs/design_notes.md#stream.
 """
 import atexit
 import hashlib
-import json
 import logging
 import weakref
 from typing import Optional, Sequence, Union
@@ -67,13 +66,13 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
 
   `repeat=False` on the train split gives exactly one epoch of every source (tests, tools),
   ending like eval with the last partial row flushed and the last batch filled with padding.
-  `fit`: the segmented packing's fit, if not `data.packing_fit` (absent: 'next', see packing_fit).
+  `fit`: the segmented packing's fit, if not `data.packing_fit`.
   """
   c = data_config
   if split not in ("train", "eval"):
     raise sources.DataError(f"split={split!r}: expected 'train' or 'eval'")
   choices.check("data.packing", c.packing)
-  fit = fit or packing_fit(c)
+  fit = fit or c.packing_fit
   choices.check("data.packing_fit", fit)
   window = int(c.get("packing_window", 256))
   if window < 1:
@@ -160,11 +159,6 @@ def _batched(rows: tf.data.Dataset, batch_size: int, c, pad: int, repeat: bool) 
   return batches.with_options(options)
 
 
-def packing_fit(data_config) -> str:
-  """data.packing_fit; a config without it (written before best-fit packing) reads as 'next'."""
-  return data_config.get("packing_fit", "next")
-
-
 def new_stats(data_config) -> sources.Stats:
   """Repair counters with the config's policy (`data.strict`, `data.max_line_bytes`)."""
   limit = data_config.get("max_line_bytes", 1 << 16)
@@ -217,7 +211,7 @@ class Pipeline:
     self.process_index, self.process_count = process_index, process_count
     self.rows_before = int(rows_before)
     self._stats = new_stats(data_config)
-    self.fit = packing_fit(data_config)
+    self.fit = data_config.packing_fit
     self._dataset = self._build()
     self._batches = 0
     self._iterator = None
@@ -231,28 +225,29 @@ class Pipeline:
   def dataset(self) -> tf.data.Dataset:
     return self._dataset
 
-  def _fingerprint(self) -> str:
-    return self._fingerprints(self.fit)[0]
+  def _fingerprint(self, fit: Optional[str] = None) -> str:
+    return fingerprint.digest(self.fingerprint_key(fit or self.fit))
 
-  def _fingerprints(self, fit: Optional[str]) -> tuple:
-    """Fingerprints of this stream packed with `fit` (None: as before data.packing_fit existed,
-    i.e. next-fit): the current one, whose sources are their content (data/fingerprint.py, so a
-    moved corpus resumes), then the forms older checkpoints carry, which still resume on the same
-    paths: the sources' paths as written, with the tokenizer's sha256 and without it (vocabulary size only)."""
+  def fingerprint_key(self, fit: str) -> dict:
+    """What the fingerprint of this stream packed with `fit` hashes: the data fields that decide its rows,
+    the tokenizer (its sha256 and vocabulary size) and the sources by their content (data/fingerprint.py,
+    so a moved corpus resumes)."""
     c = self.config
-    key = dict(sources=list(c.sources), eval_sources=list(c.eval_sources),
-               eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
+    key = dict(eval_percent=c.eval_percent, doc_format=c.doc_format, packing=c.packing,
                mix_alpha=c.mix_alpha, source_sizes=list(c.source_sizes),
                shuffle_buffer=c.shuffle_buffer, shuffle_files=c.shuffle_files,
                seq_len=c.seq_len, tokenize_batch=c.tokenize_batch,
-               vocab_size=self.tokenizer.vocab_size)
-    if fit is not None:
-      key["packing_fit"] = fit
-      if fit == "best":
-        key["packing_window"] = int(c.get("packing_window", 256))
-    digest = lambda k: hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16]
-    portable = dict(key, tokenizer=self.tokenizer.sha256, **self._source_identities())
-    return digest(portable), digest(dict(key, tokenizer=self.tokenizer.sha256)), digest(key)
+               vocab_size=self.tokenizer.vocab_size, tokenizer=self.tokenizer.sha256, packing_fit=fit,
+               **self._source_identities())
+    if fit == "best":
+      key["packing_window"] = int(c.packing_window)
+    return key
+
+  def resume_facts(self) -> dict:
+    """What workdir/migrate.data_state needs to bring a state saved by an earlier version to today's form."""
+    return dict(process_count=self.process_count, sources=list(self.config.sources),
+                eval_sources=list(self.config.eval_sources),
+                fingerprint_keys={fit: self.fingerprint_key(fit) for fit in choices.CHOICES["data.packing_fit"]})
 
   def _source_identities(self) -> dict:
     """data.sources and data.eval_sources by content (computed once: the files do not change)."""
@@ -297,28 +292,25 @@ class Pipeline:
                 process_count=self.process_count, rows_before=self.rows_before, fingerprint=self._fingerprint())
 
   def set_state(self, state: dict) -> None:
-    """Continue after `state['batches']` batches of the same stream (checked by fingerprint).
+    """Continue after `state['batches']` batches of the same stream (checked by fingerprint); `state` is
+    today's form (workdir/migrate.data_state brings an earlier one to it).
 
-    Rows that were next-fit packed (the state names 'next', or predates data.packing_fit) continue
-    next-fit when the config holds only the default 'best', at every resume (`adopted_config`)."""
+    Rows that were next-fit packed (the state's fingerprint names 'next') continue next-fit when the
+    config holds only the default 'best', at every resume (`adopted_config`)."""
     saved = state.get("fingerprint")
-    next_fit = self._fingerprints("next") + self._fingerprints(None)
-    if self.fit == defaults.PACKING_FIT != "next" and saved in next_fit:
+    if self.fit == defaults.PACKING_FIT != "next" and saved == self._fingerprint("next"):
       logging.warning("data: the checkpoint's rows are next-fit packed; resuming with "
                       "data.packing_fit='next' (config.json records it; new runs pack by %s-fit)", self.fit)
       self.fit = "next"
       self._dataset = self._build()
     mine = self.get_state()
-    if saved in self._fingerprints(self.fit)[1:] + (self._fingerprints(None) if self.fit == "next" else ()):
-      mine["fingerprint"] = saved
-    count = state.get("process_count", self.process_count)
+    count = state["process_count"]
     if count != self.process_count:
       raise sources.DataError(
           f"cannot resume the streaming input on {self.process_count} processes: its checkpoint read the corpus as "
           f"{count} per-process parts (data.per_host='shard'), which replay only on {count} processes. Rerun on "
           f"{count} processes, or train from a token store (tools/prepare_data.py; store:DIR sources resume on any "
           "process count)")
-    state = dict(state, rows_before=state.get("rows_before", 0))   # saved before phases continued an order
     for key in ("seed", "split", "batch_size", "rows_before", "fingerprint"):
       if key in state and state[key] != mine[key]:
         what = "the data config" if key == "fingerprint" else key
@@ -330,7 +322,7 @@ class Pipeline:
 
   def adopted_config(self) -> dict:
     """The config fields this input took from the checkpoint instead of the config ({} if none)."""
-    return {} if self.fit == packing_fit(self.config) else {"data.packing_fit": self.fit}
+    return {} if self.fit == self.config.packing_fit else {"data.packing_fit": self.fit}
 
   def stats(self) -> dict:
     return self._stats.as_dict()
