@@ -141,13 +141,15 @@ def test_resolve_impl():
   assert impl == "xla" and "packed documents" in why
   impl, why = attention.resolve_impl(_cfg(attention_dropout=0.1), "tpu", 512)
   assert impl == "xla" and "model.attention_dropout=0.1" in why
-  assert attention.resolve_impl(_cfg(attention_impl=""), "tpu", 512)[0] == "splash"   # '' = auto
+  from mlm_jax.workdir import migrate   # an older config.json's '' is read as auto
+  assert attention.resolve_impl(migrate.migrate_model(_cfg(attention_impl="")), "tpu", 512)[0] == "splash"
   with pytest.raises(ValueError, match="model.attention_impl=splash: .*data.seq_len"):
     attention.resolve_impl(_cfg(attention_impl="splash"), "tpu", 200)
   with pytest.raises(ValueError, match="model.attention_impl=cudnn: .*local window"):
     attention.resolve_impl(_cfg(attention_impl="cudnn", dtype="bfloat16"), "gpu", 512, packed_documents=False)
-  with pytest.raises(ValueError, match="model.attention_impl"):
-    attention.validate_model_config(_cfg(attention_impl="flash"))
+  for unknown in ("flash", ""):
+    with pytest.raises(ValueError, match="model.attention_impl"):
+      attention.validate_model_config(_cfg(attention_impl=unknown))
   with pytest.raises(ValueError, match="model.attention_impl=splash has no attention dropout"):
     attention.make_context(_cfg(attention_impl="splash", attention_dropout=0.1), _segments()[0], training=True)
   with pytest.raises(ValueError, match="model.local_window"):

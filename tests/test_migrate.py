@@ -67,6 +67,29 @@ def test_an_older_flat_config_json_is_upgraded_step_by_step():
     migrate.config_json({**record, "version": migrate.VERSION + 1})
 
 
+def test_a_flat_config_json_from_before_the_heads_and_schedules_reads_as_those_runs_meant():
+  """A config.json of the first runs: `attention_impl` '' (their name for auto), no embedding_size /
+  mlm_head / sentence_head (before ELECTRA and the sentence objectives) and no mask-rate schedule. Read,
+  it is today's config of the same run: auto, embeddings as wide as the hidden states, an MLM head and no
+  sentence head, a constant rate; it passes today's checks and builds the model those runs trained."""
+  from mlm_jax.config import choices, curricula
+  from mlm_jax.model import encoder
+  raw = json.loads((FIXTURE / "workdir" / "config.json").read_text())
+  raw["model"]["attention_impl"] = ""
+  for field in ("embedding_size", "mlm_head", "sentence_head"):
+    del raw["model"][field]
+  for field in ("mask_rate_schedule", "mask_rate_schedule_mode"):
+    del raw["masking"][field]
+  resolved = workdir_files.resolved_of(raw)
+  m = resolved.model
+  assert (m.attention_impl, m.embedding_size, m.mlm_head, m.sentence_head) == ("auto", 0, True, False)
+  assert tuple(resolved.masking.mask_rate_schedule) == () and resolved.masking.mask_rate_schedule_mode == "constant"
+  choices.check_config(resolved)
+  assert curricula.mask_rate(resolved.masking, 3) == resolved.masking.mask_rate == 0.15
+  _, params = encoder.abstract_model(m)
+  assert "head_kernel" in params and "sentence_kernel" not in params and "embeddings_project_kernel" not in params
+
+
 def test_phases_recorded_before_their_values_read_as_their_overrides_in_order():
   """A phase recorded without `values` is its own overrides over those of the phases before it; a field only
   a later phase sets keeps the last phase's value (config.json's sections)."""

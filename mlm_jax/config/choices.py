@@ -14,7 +14,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots"),
-    "model.attention_impl": ("auto", "", "xla", "splash", "cudnn"),   # '' = auto (older configs)
+    "model.attention_impl": ("auto", "xla", "splash", "cudnn"),
     "model.matmul": ("auto", "xla", "f32_out"),
     "masking.mode": ("token", "whole_word", "span", "span_uniform"),
     "optimizer.name": ("adamw", "lamb"),

@@ -56,7 +56,7 @@ def value_at_traced(steps, values, step, mode: str = "constant"):
 
 # ---- the fields ------------------------------------------------------------------------------
 def mask_rate_phases(masking_cfg):
-  return parse(masking_cfg.get("mask_rate_schedule", ()), "masking.mask_rate_schedule")
+  return parse(masking_cfg.mask_rate_schedule, "masking.mask_rate_schedule")
 
 
 def max_mask_rate(masking_cfg) -> float:
@@ -71,7 +71,7 @@ def mask_rate(masking_cfg, step, traced: bool = False, rate=None):
   steps, values = mask_rate_phases(masking_cfg)
   if not values.size or step is None:
     return masking_cfg.mask_rate if rate is None else rate
-  mode = masking_cfg.get("mask_rate_schedule_mode", "constant")
+  mode = masking_cfg.mask_rate_schedule_mode
   return (value_at_traced if traced else value_at)(steps, values, step, mode)
 
 

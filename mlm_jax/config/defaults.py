@@ -111,7 +111,7 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.initializer_range = 0.02
   m.dtype = "float32"            # compute dtype; bfloat16 on accelerators
   m.param_dtype = "float32"
-  # auto (or '') = per the mesh's platform: splash on TPU, cudnn on GPU for padding-only batches,
+  # auto = per the mesh's platform: splash on TPU, cudnn on GPU for padding-only batches,
   # else xla; attention dropout > 0 always takes xla (mlm_jax/model/attention.py: resolve_impl).
   m.attention_impl = "auto"      # auto | xla | splash | cudnn
   # auto = f32_out on CPU when dtype is below float32, else xla. f32_out: every matmul (forward and

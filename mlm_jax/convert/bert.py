@@ -169,7 +169,7 @@ def mapping(cfg: ml_collections.ConfigDict, arch: str) -> list[tuple[str, str, C
   if cfg.use_pooler:
     rows += [("pooler_kernel", f"{p}.pooler.dense.weight", t, t),
              ("pooler_bias", f"{p}.pooler.dense.bias", ident, ident)]
-  if cfg.get("sentence_head", False) and arch == "bert":   # BertForPreTraining's NSP head; other archs drop it
+  if cfg.sentence_head and arch == "bert":   # BertForPreTraining's NSP head; other archs drop it
     rows += [("sentence_kernel", "cls.seq_relationship.weight", t, t),
              ("sentence_bias", "cls.seq_relationship.bias", ident, ident)]
   return rows

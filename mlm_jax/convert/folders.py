@@ -89,7 +89,7 @@ def masked_lm_to_hf(workdir: str, out: str, config: ml_collections.ConfigDict, o
   if objective.prediction_shift:
     hcfg[SHIFT_KEY] = objective.prediction_shift
   dropped = ""
-  if mcfg.get("sentence_head", False):
+  if mcfg.sentence_head:
     if arch == "bert":
       hcfg["architectures"] = ["BertForPreTraining"]   # MLM + NSP heads; AutoModelForMaskedLM loads it too
     else:

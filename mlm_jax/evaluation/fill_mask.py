@@ -54,7 +54,7 @@ def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
 
 
 def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
-  if not mcfg.get("mlm_head", True):
+  if not mcfg.mlm_head:
     raise NoMaskedLM(f"{where} is an ELECTRA discriminator: it tells replaced tokens from original ones and has no "
                     "MLM head to fill masks; use the generator (to_hf's OUT/generator, or the ELECTRA run's workdir)")
 

@@ -160,7 +160,7 @@ def max_len(model_cfg) -> int:
 
 
 def check_mlm_head(model_cfg, where: str) -> None:
-  if not model_cfg.get("mlm_head", True):
+  if not model_cfg.mlm_head:
     raise NoMaskedLM(f"{where}: the model has no MLM head (an ELECTRA discriminator); pseudo-log-likelihood "
                     "needs the masked LM (the generator)")
 

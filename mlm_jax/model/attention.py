@@ -90,7 +90,7 @@ def resolve_impl(cfg: ml_collections.ConfigDict, platform: str, seq_len: int,
   falls back to xla and says why, for the log.
   """
   validate_model_config(cfg)
-  requested = cfg.attention_impl or "auto"
+  requested = cfg.attention_impl
   problem = {"splash": lambda: _splash_problem(cfg, platform, seq_len),
              "cudnn": lambda: _cudnn_problem(cfg, platform, packed_documents)}
   if requested == "xla":
@@ -146,7 +146,7 @@ def make_context(cfg: ml_collections.ConfigDict, segment_ids, mesh=None, trainin
                  rope_thetas=None, causal=None) -> Context:
   """The resolved implementation (an `auto` still in the config is resolved here) and its masks;
   `causal` ([B] bool): rows that attend causally (GPT-BERT's causal share), which only xla serves."""
-  impl = cfg.attention_impl or "auto"
+  impl = cfg.attention_impl
   if impl == "auto":
     impl = "xla" if causal is not None else resolve_impl(cfg, platform_of(mesh), segment_ids.shape[1])[0]
   if causal is not None and impl != "xla":

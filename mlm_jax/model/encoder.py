@@ -24,6 +24,9 @@ MODEL_FIELDS = dict(attention_bias=True, mlp_bias=True, norm_bias=True, head_bia
                     first_layer_attention_norm=True)
 # LTG-BERT / ELC-BERT / GPT-BERT switches (docs/model.md), off in older config.json files too.
 LTG_FIELDS = dict(extra_norms=False, layer_weighting=False)
+# Added with ELECTRA and the sentence objectives: older config.json files mean embeddings as wide as the
+# hidden states, an MLM head and no sentence head.
+HEAD_FIELDS = dict(embedding_size=0, mlm_head=True, sentence_head=False)
 
 
 def no_hf_equivalent(cfg: ml_collections.ConfigDict) -> list[str]:
@@ -295,13 +298,13 @@ class LayerGroup(nnx.Module):
 
 
 def embedding_size(cfg: ml_collections.ConfigDict) -> int:
-  """Width of the token embeddings: `model.embedding_size`, 0 (or absent, older configs) = hidden_size.
+  """Width of the token embeddings: `model.embedding_size`, 0 = hidden_size.
 
   ELECTRA makes it smaller than hidden_size (and shares the tables between its generator and
   discriminator); an `embeddings_project` layer then maps the normalized embeddings up to hidden_size,
   and the MLM head maps back down to it. Only post-LN models have this option (transformers' ELECTRA).
   """
-  e = int(cfg.get("embedding_size", 0) or 0)
+  e = int(cfg.embedding_size)
   if e and e != cfg.hidden_size and cfg.norm != "post":
     raise ConfigError(f"model.embedding_size={e} differs from model.hidden_size={cfg.hidden_size}: only "
                       "model.norm='post' models project their embeddings (ELECTRA)")
@@ -400,7 +403,7 @@ class Encoder(nnx.Module):
       n = cfg.num_layers
       with nnx.use_eager_sharding(False):
         self.layer_weights = nnx.Param(jnp.eye(n, n + 1, k=1, dtype=pdt), out_sharding=(None, None))
-    if cfg.get("mlm_head", True):   # projects back to the embedding size, where the tied decoder is
+    if cfg.mlm_head:   # projects back to the embedding size, where the tied decoder is
       self.head_kernel = _param(keys[3], (h, e), ("embed", None), "normal", std, pdt)
       self.head_bias = _param(None, (e,), ("norm",), "zeros", 0.0, pdt) if cfg.head_bias else None
       self.head_norm = LayerNorm(e, cfg.layer_norm_eps, pdt, bias=cfg.norm_bias)
@@ -408,7 +411,7 @@ class Encoder(nnx.Module):
     if cfg.use_pooler:
       self.pooler_kernel = _param(keys[4], (h, h), ("embed", None), "normal", std, pdt)
       self.pooler_bias = _param(None, (h,), ("norm",), "zeros", 0.0, pdt)
-    if cfg.get("sentence_head", False):   # NSP / SOP: two classes on the pooled first token
+    if cfg.sentence_head:   # NSP / SOP: two classes on the pooled first token
       if not cfg.use_pooler:
         raise ConfigError("model.sentence_head needs model.use_pooler=True (the head reads the pooled output)")
       self.sentence_kernel = _param(keys[5], (h, 2), ("embed", None), "normal", std, pdt)

@@ -35,7 +35,7 @@ def flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int, num_slots: int
   h, v, e = cfg.hidden_size, cfg.vocab_size, embedding_size(cfg)
   attention = 12 * h * attended_keys(cfg, seq_len)       # QK^T and PV, forward + backward
   head_fraction = 1.0 if num_slots is None else num_slots / seq_len
-  head = 6 * (h * e + e * v) * head_fraction if cfg.get("mlm_head", True) else 0.0
+  head = 6 * (h * e + e * v) * head_fraction if cfg.mlm_head else 0.0
   project = 6 * e * h if e != h else 0
   return 6 * layer_params(cfg) + attention + head + project
 

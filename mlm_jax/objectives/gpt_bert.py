@@ -142,7 +142,7 @@ class GptBert(Description):
 
   @classmethod
   def bind(cls, config: ml_collections.ConfigDict) -> None:
-    if config.model.attention_impl in ("auto", ""):
+    if config.model.attention_impl == "auto":
       config.model.attention_impl = "xla"   # causal rows need its dense masks
 
   @classmethod
@@ -155,7 +155,7 @@ class GptBert(Description):
     if share > 0 and not 0 < causal_rows(config) < micro:
       raise ConfigError(f"gpt_bert.causal_share={share} of {micro} rows a microbatch gives {causal_rows(config)} "
                         f"causal rows: expected at least 1 and fewer than {micro} (raise train.batch_size)")
-    if config.model.attention_impl not in ("auto", "", "xla"):
+    if config.model.attention_impl not in ("auto", "xla"):
       raise ConfigError(f"model.attention_impl={config.model.attention_impl}: objective=gpt_bert trains causal rows, "
                         "which only xla serves")
 

@@ -75,7 +75,7 @@ class Description:
   @classmethod
   def check(cls, config: Config) -> None:
     """Raise a one-line ConfigError for a config the objective cannot train (or export)."""
-    if not config.model.get("mlm_head", True):
+    if not config.model.mlm_head:
       raise ConfigError(f"model.mlm_head=False (an ELECTRA discriminator): objective={config.objective!r} needs "
                         "the MLM head; fine-tune it with mlm_jax.finetune instead")
 

@@ -55,7 +55,7 @@ def check_config(cfg: ml_collections.ConfigDict, vocab_size: int) -> None:
   choices.check("masking.mode", cfg.mode)
   if not 0.0 < cfg.mask_rate < 1.0:
     raise ConfigError(f"masking.mask_rate={cfg.mask_rate}: expected a fraction in (0, 1)")
-  choices.check("masking.mask_rate_schedule_mode", cfg.get("mask_rate_schedule_mode", "constant"))
+  choices.check("masking.mask_rate_schedule_mode", cfg.mask_rate_schedule_mode)
   _, rates = curricula.mask_rate_phases(cfg)
   if rates.size and not ((rates > 0) & (rates < 1)).all():
     raise ConfigError(f"masking.mask_rate_schedule={tuple(cfg.mask_rate_schedule)}: expected rates in (0, 1)")

@@ -109,7 +109,7 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: t
   Returns why that implementation (also logged)."""
   _, seq_len = seq_len_of(config)
   packed = config.kind == PRETRAINING and config.data.packing == "segmented"   # rows that hold several documents
-  requested = config.model.attention_impl or "auto"
+  requested = config.model.attention_impl
   config.model.attention_impl, why = attention.resolve_impl(config.model, platform, seq_len, packed_documents=packed)
   towers = objective.towers(config) if objective is not None else {}
   for name, tower in towers.items():   # other towers of the step run the same kernel with their own sizes

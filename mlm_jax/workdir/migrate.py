@@ -45,18 +45,21 @@ def config_json(raw: dict, where: str = "config.json") -> dict:
 
 def migrate_model(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`cfg` (a config.json's `model`) with the fields added since it was written filled in, as older
-  runs meant them: encoder.MODEL_FIELDS (every bias and norm), encoder.LTG_FIELDS (off), attention.NEW_FIELDS
+  runs meant them: encoder.MODEL_FIELDS (every bias and norm), encoder.LTG_FIELDS (off),
+  encoder.HEAD_FIELDS (no embedding projection, an MLM head, no sentence head), attention.NEW_FIELDS
   (all-global, unscanned), matmul.NEW_FIELDS (`auto`) and `embedding_norm` (post-LN normalized the
-  embeddings, pre-LN did not)."""
-  missing = {k: v for k, v in {**encoder.MODEL_FIELDS, **encoder.LTG_FIELDS, **attention.NEW_FIELDS,
-                               **matmul.NEW_FIELDS}.items()
-             if k not in cfg}
+  embeddings, pre-LN did not); and `attention_impl` '' (the first configs' name for auto) as `auto`."""
+  filled = {k: v for k, v in {**encoder.MODEL_FIELDS, **encoder.LTG_FIELDS, **encoder.HEAD_FIELDS,
+                              **attention.NEW_FIELDS, **matmul.NEW_FIELDS}.items()
+            if k not in cfg}
   if "embedding_norm" not in cfg:
-    missing["embedding_norm"] = cfg.norm == "post"
-  if not missing:
+    filled["embedding_norm"] = cfg.norm == "post"
+  if cfg.get("attention_impl") == "":
+    filled["attention_impl"] = "auto"
+  if not filled:
     return cfg
   out = ml_collections.ConfigDict(cfg.to_dict())
-  out.update(missing)
+  out.update(filled)
   return out
 
 
