@@ -77,7 +77,7 @@ def mlm_metrics(lm, kcfg, rows: list, seq_len: int, batch_size: int, seed: int, 
   from mlm_jax.objectives.mlm import MLMStep
   graphdef, params = nnx.split(lm.model, nnx.Param)
   mlm = MLMStep(ml_collections.ConfigDict(dict(masking=kcfg, model=dict(vocab_size=lm.model_config.vocab_size),
-                                                loss=dict(z_loss=0.0))))   # the MLM loss alone
+                                               loss=dict(z_loss=0.0))))   # metrics, no training loss
   eval_step = jax.jit(lambda params, batch, key, values: mlm.evaluate(nnx.merge(graphdef, params), batch, key,
                                                                       values=values))
   key = heldout.eval_key(seed)
