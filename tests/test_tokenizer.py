@@ -189,3 +189,41 @@ def test_vocab_too_large_for_text_is_one_line(corpus, tmp_path):
   with pytest.raises(ValueError) as e:
     spm_training.train([f"en={small}"], str(tmp_path / "big"), vocab_size=20000, verbose=False)
   assert "\n" not in str(e.value) and str(e.value).startswith("vocab_size=20000 is too large")
+
+
+def test_word_stats_against_the_processor(xlmr_tok, corpus, tmp_path, capsys):
+  """Fertility, split words, unknown and byte pieces against sentencepiece's own segmentation of whole
+  lines (pieces grouped into words at each ▁), and tools/tokenizer_stats.py's table and JSON."""
+  from mlm_jax.data.tokenizers import word_stats
+  _, held = corpus
+  sp = xlmr_tok.processor
+  for lang in ("en", "ru", "hy"):
+    lines = held[lang] + ["漢字 and ☃ snow"]
+    got = word_stats.word_stats(xlmr_tok, lines)
+    words = pieces = split = unknown = byte = 0
+    for line in lines:
+      ids = sp.encode(line)
+      groups = []
+      for i in ids:
+        if sp.id_to_piece(i).startswith("\u2581") or not groups:
+          groups.append([])
+        groups[-1].append(i)
+      assert len(groups) == len(line.split()), line
+      words += len(groups)
+      pieces += len(ids)
+      split += sum(len(g) > 1 for g in groups)
+      unknown += sum(sp.is_unknown(i) for i in ids)
+      byte += sum(sp.is_byte(i) for i in ids)
+    assert (got.lines, got.words, got.pieces, got.split_words, got.unknown_pieces, got.byte_pieces) == (
+        len(lines), words, pieces, split, unknown, byte), lang
+    assert got.byte_pieces > 0 and 1.0 < got.fertility == pieces / words
+  # The tool: a table row per language, the same figures in its JSON line; bad input is one line.
+  sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "tools"))
+  import tokenizer_stats
+  (tmp_path / "ru.txt").write_text("\n".join(held["ru"]) + "\n\n", encoding="utf-8")
+  assert tokenizer_stats.main([f"--tokenizer=multi={xlmr_tok.model_path}", f"--text=ru={tmp_path}/ru.txt"]) == 0
+  out = capsys.readouterr().out.strip().splitlines()
+  assert out[2].startswith(f"| ru | {sum(len(s.split()) for s in held['ru']):,} |")
+  assert json.loads(out[-1])["ru"]["multi"] == word_stats.word_stats(xlmr_tok, held["ru"]).as_dict()
+  assert tokenizer_stats.main([f"--tokenizer=multi={xlmr_tok.model_path}", f"--text=ru={tmp_path}/no*.txt"]) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: no files match '{tmp_path}/no*.txt'"
