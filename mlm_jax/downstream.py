@@ -38,6 +38,8 @@ _BLIMP_PAIRS = flags.DEFINE_integer("blimp_pairs", 0, "BLiMP pairs per paradigm 
                                     "with --fast, else all 1,000).")
 _ZS_PAIRS = flags.DEFINE_integer("zeroshot_pairs", 0, "Pairs per set of every zero-shot task (a BLiMP paradigm, a "
                                  "CLAMS file, a phenomenon of a pairs file; default: 100 with --fast, else all).")
+_CLAMS_LANGS = flags.DEFINE_list("clams_languages", [], "clams: score only these of its languages, e.g. en,de,fr,ru "
+                                  "(default: all five).")
 _PLL = flags.DEFINE_enum("pll", "token", ["token", "whole_word", "word_l2r"], "Pseudo-log-likelihood of the "
                          "zero-shot tasks: each piece masked alone (token), each word whole (whole_word), or each "
                          "piece with the rest of its word to its right (word_l2r, Kauf & Ivanova 2023).")
@@ -85,7 +87,7 @@ def main(argv):
   out = _workdir(init_from)
   common = dict(tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value, pretrain_langs=_LANGS.value,
                 data=_DATA.value, overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value,
-                zeroshot_pairs=_ZS_PAIRS.value, pll=_PLL.value,
+                zeroshot_pairs=_ZS_PAIRS.value, pll=_PLL.value, clams_languages=tuple(_CLAMS_LANGS.value),
                 pair_columns=dict(good=_GOOD.value, bad=_BAD.value, phenomenon=_PHENOMENON.value))
   if _BASELINE.value:
     suite.run_with_baseline(init_from, out, **common)

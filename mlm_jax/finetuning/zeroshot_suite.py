@@ -50,12 +50,13 @@ def scorer_for(lm, variant: str = "token"):
                     max_len=pll.max_len(lm.model_config), shift=lm.shift), params
 
 
-def read_sets(task, data: str, pairs: int, columns: dict | None = None) -> list:
-  """The pair sets of a zero-shot task (catalogue.ZeroShotTask), the first `pairs` of each (0 = all)."""
+def read_sets(task, data: str, pairs: int, columns: dict | None = None, clams_languages=()) -> list:
+  """The pair sets of a zero-shot task (catalogue.ZeroShotTask), the first `pairs` of each (0 = all); CLAMS's
+  in `clams_languages` (() = all)."""
   if task.kind == "blimp":
     return blimp.read(blimp.folder(data), pairs)
   if task.kind == "clams":
-    return clams.read(clams.folder(data), pairs)
+    return clams.read(clams.folder(data), pairs, clams_languages)
   return minimal_pairs.read(task.pattern, columns, pairs)
 
 
@@ -79,7 +80,7 @@ def _kept(path: str, depends: dict, name: str, log) -> dict | None:
 
 def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str,
               log, identity: dict, pairs: int = 0, blimp_pairs: int = 0, columns: dict | None = None,
-              variant: str = "token", skip_without_head: bool = False) -> dict:
+              variant: str = "token", skip_without_head: bool = False, clams_languages=()) -> dict:
   """{task name: summary (evaluation/zeroshot.py) plus seconds, published rows, source}, each computed once and
   kept in OUT/TASK; `pairs` a set (0: FAST_PAIRS with `fast`, else all; BLiMP: `blimp_pairs` if given). A kept
   result is read back only when computed from the same model (`identity`: kept_result.zeroshot_identity, the
@@ -92,7 +93,7 @@ def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool,
   for task in tasks:
     n = (blimp_pairs if task.kind == "blimp" and blimp_pairs else pairs) or (FAST_PAIRS if fast else 0)
     try:
-      sets = read_sets(task, data, n, columns)
+      sets = read_sets(task, data, n, columns, clams_languages)
     except UserError as e:
       raise type(e)(f"{task.name}: {e}") from None
     total = sum(len(s.good) for s in sets)
