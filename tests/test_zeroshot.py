@@ -174,6 +174,12 @@ def test_clams_and_a_users_pairs_by_blimps_rules(data, constant_workdir, tmp_pat
   assert again["zeroshot"]["clams"]["pll"] == "word_l2r" and again["zeroshot"]["clams"]["depends_on"]["pll"] == "word_l2r"
   assert again["zeroshot"]["clams"]["overall"] == pytest.approx(z["overall"])   # every variant: -log V a scored piece
   assert "(zero-shot, 44 pairs, word_l2r PLL)" in open(os.path.join(out, "downstream.txt")).read()
+  # --clams_languages: only those languages' files, each scored as in the run of all five.
+  two = suite.run_suite(constant_workdir, str(tmp_path / "two"), tasks="clams", data=str(data),
+                        clams_languages=("ru", "de"), log=lines.append)["zeroshot"]["clams"]
+  assert two["groups"] == pytest.approx({lang: langs[lang] for lang in ("de", "ru")})
+  with pytest.raises(UserError, match=r"^clams: CLAMS has no language 'xx' in .* \(it has de, en, fr, he, ru\)$"):
+    suite.run_suite(constant_workdir, str(tmp_path / "xx"), tasks="clams", data=str(data), clams_languages=("xx",))
 
 
 def test_a_pair_longer_than_the_model_reads_is_wrong_not_an_error(data, constant_workdir):
@@ -310,3 +316,39 @@ def test_the_cpu_recipes_variants_get_equal_compute():
   assert tuple(gpt_bert.masking.mask_rate_schedule) == ("0:0.3", f"{gpt_bert.train.steps}:0.15")
   with pytest.raises(ValueError, match="mask30"):
     recipe.get_config("mask40")
+
+
+def test_the_multilingual_recipes_languages_and_variants(shared_data):
+  """configs/xlmr_cpu_hour.py: the word counts it samples languages by are those of its sources' files;
+  :alpha=A draws p_i ∝ n_i^A; :mono=LANG trains for the steps that language gets in the multilingual run of
+  the same length (its monolingual baseline at equal tokens); a wrong variant is one line naming it."""
+  import gzip
+  import importlib.util
+  from mlm_jax.data import specs
+  spec = importlib.util.spec_from_file_location("xlmr_cpu_hour", pathlib.Path(__file__).resolve().parents[1]
+                                                / "configs" / "xlmr_cpu_hour.py")
+  recipe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(recipe)
+  for lang, (source, words) in recipe.LANGUAGES.items():
+    s = specs.parse_spec(source)
+    count = 0
+    for path in specs.list_files(s.pattern):
+      with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+          count += len((line.rstrip("\n").split("\t")[int(s.arg)] if s.kind == "tsv" else line).split())
+    assert count == words, lang
+  c = recipe.get_config("alpha=0.7")
+  n = {lang: words for lang, (_, words) in recipe.LANGUAGES.items()}
+  assert c.data.mix_alpha == 0.7 and c.data.source_sizes == tuple(f"{k}={v}" for k, v in n.items())
+  shares = recipe.language_shares(0.7)
+  assert shares["ru"] == pytest.approx(n["ru"] ** 0.7 / sum(v ** 0.7 for v in n.values()))
+  for variant, steps in (("", recipe.STEPS), ("short,alpha=1", recipe.STEPS // 4)):
+    alpha = 1.0 if "alpha" in variant else recipe.ALPHA
+    mono = [recipe.get_config(",".join(filter(None, (variant, f"mono={lang}")))) for lang in n]
+    assert [m.data.sources for m in mono] == [(f"{lang}={recipe.LANGUAGES[lang][0]}",) for lang in n]
+    assert [m.train.steps for m in mono] == [round(steps * recipe.language_shares(alpha)[lang]) for lang in n]
+    assert abs(sum(m.train.steps for m in mono) - steps) <= 2
+  assert recipe.get_config("f32").model.dtype == "float32" and recipe.get_config("").model.dtype == "bfloat16"
+  for bad in ("shortt", "mono=xx", "alpha=", "alpha=x"):
+    with pytest.raises(ValueError, match=r"^configs/xlmr_cpu_hour.py:"):
+      recipe.get_config(bad)
