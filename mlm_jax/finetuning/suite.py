@@ -157,7 +157,8 @@ def run_suite(init_from: str, out: str, *, tasks="", fast: bool = False, seeds: 
   """Every selected task x seed (finished ones read back) and the zero-shot tasks, then the summary, written
   to OUT/downstream.json and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model.
   `tasks`: 'a,b' or a list of such strings (--tasks repeated); zero-shot tasks score `zeroshot_pairs` pairs a set
-  (BLiMP: `blimp_pairs` if given) by the `pll` variant, a pairs task's columns named by `pair_columns`, CLAMS in `clams_languages` (() = all)."""
+  (BLiMP: `blimp_pairs` if given) by the `pll` variant, a pairs task's columns named by `pair_columns`; CLAMS
+  in `clams_languages` (() = all five)."""
   from mlm_jax.evaluation import pll as pll_lib
   from mlm_jax.finetuning import suite_report, zeroshot_suite
   from mlm_jax.training import provision
