@@ -186,6 +186,38 @@ def test_mixing_frequencies_follow_alpha(shared_data, tok):
   assert [s.size() for s in srcs][0] == (shared_data / LEIPZIG_EN).stat().st_size
 
 
+def test_each_sources_drawn_rows_and_tokens_are_counted(shared_data, tok):
+  """The log's data/NAME/tokens of a streaming run: exact over a whole epoch; in a mixed stream at least the
+  tokens of the batches handed out and at most a bounded prefetch more, and after a resume counted from the
+  stream's first row."""
+  cfg = _cfg(sources=(f"en=tsv:1:{shared_data / LEIPZIG_EN}", f"ru=tsv:2:{shared_data / RU}"),
+             seq_len=32, shuffle_buffer=0)
+  st = stream.new_stats(cfg)
+  epoch = _epoch(cfg, tok, batch_size=64, stats=st, with_source=True)
+  real = np.concatenate([(b["segment_ids"] > 0).sum(1) for b in epoch])
+  src = np.concatenate([b["source"] for b in epoch])
+  drawn = st.drawn()
+  for i, name in enumerate(("en", "ru")):
+    mine = (src == i) & (real > 0)   # the last batch's padding rows have source 0 and no tokens
+    assert drawn[name]["rows_local"] == mine.sum() and drawn[name]["tokens_local"] == real[mine].sum() > 0
+
+  cfg.update(dict(source_sizes=("en=1000", "ru=100"), mix_alpha=0.5, shuffle_buffer=100))
+  n, extra, batch = 30, 30, 16
+  ref = stream.build_dataset(cfg, tok, batch, seed=3, with_source=True).take(n + extra).as_numpy_iterator()
+  cum = np.cumsum([[(b["segment_ids"] > 0).sum(1)[b["source"] == i].sum() for i in (0, 1)] for b in ref], axis=0)
+  run = stream.Pipeline(cfg, tok, batch, seed=3)
+  for _ in range(n):
+    next(run)
+  got = run.stats()["sources"]
+  for i, name in enumerate(("en", "ru")):
+    assert cum[n - 1, i] <= got[name]["tokens"] <= cum[-1, i], (name, got, cum[n - 1], cum[-1])
+  assert got["ru"]["weight"] == pytest.approx(specs.mixing_weights([1000, 100], 0.5)[1])
+  again = stream.Pipeline(cfg, tok, batch, seed=3)
+  again.set_state(run.get_state())
+  next(again)
+  assert cum[n, 0] <= again.stats()["sources"]["en"]["tokens"] <= cum[-1, 0]
+
+
 def test_hosts_draw_the_mix_independently(shared_data, tok):
   """With data.per_host='shard' each of P hosts samples its own rows' sources: a step's share of a
   language then varies as one draw of the global batch (binomial), not P times more as when every host

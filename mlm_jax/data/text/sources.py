@@ -52,6 +52,31 @@ class Stats:
     self.truncated_files = []
     self._checked = set()
     self._vars = {k: tf.Variable(0, dtype=tf.int64, trainable=False) for k in self.KEYS}
+    self._drawn = {}   # source name -> (rows, real tokens) drawn by this process's train stream, its weight
+
+  def track_source(self, name: str, weight: float) -> None:
+    """Counters of the rows and real tokens (BOS/EOS included) that `count_row` sees of a source."""
+    if name not in self._drawn:
+      self._drawn[name] = [tf.Variable(0, dtype=tf.int64, trainable=False),
+                           tf.Variable(0, dtype=tf.int64, trainable=False), weight]
+    self._drawn[name][2] = weight
+
+  def count_row(self, name: str, row: dict) -> dict:
+    """`row` (one packed row of source `name`), after adding it to its counters."""
+    n_rows, n_tokens, _ = self._drawn[name]
+    real = tf.math.count_nonzero(row["segment_ids"], dtype=tf.int64)
+    with tf.control_dependencies([n_rows.assign_add(1), n_tokens.assign_add(real)]):
+      return {k: tf.identity(v) for k, v in row.items()}
+
+  def restart_drawn(self) -> None:
+    """Zero the source counters (a new iterator draws the stream again from its first row)."""
+    for rows, tokens, _ in self._drawn.values():
+      rows.assign(0), tokens.assign(0)
+
+  def drawn(self) -> dict:
+    """Per tracked source: rows and real tokens drawn so far (`rows_local`, `tokens_local`), its weight."""
+    return {name: dict(rows_local=int(r.numpy()), tokens_local=int(t.numpy()), weight=float(w))
+            for name, (r, t, w) in self._drawn.items()}
 
   def add(self, key, n, where=""):
     """Counts `n` repairs of kind `key`; with strict, an op that fails when n > 0."""

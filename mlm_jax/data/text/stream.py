@@ -98,6 +98,8 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
   npc = c.num_parallel_calls if c.num_parallel_calls > 0 else _AUTOTUNE
   packer = tf_packing.Packer(tok, c.seq_len, stats, npc)
   rows = []
+  mixing = train and repeat and len(srcs) > 1
+  weights = mixing_weights(_source_sizes(srcs, c.source_sizes), c.mix_alpha) if mixing else [1.0] * len(srcs)
   for i, src in enumerate(srcs):
     docs = src.documents(
         process_index=process_index, process_count=process_count, doc_format=c.doc_format,
@@ -114,14 +116,16 @@ def build_dataset(data_config, tok: tokenizer_base.Tokenizer, batch_size: int, s
       r = packer.segmented_best(doc_batches, to_ids, finite=not repeat, window=window)
     else:
       r = packer.segmented(doc_batches, to_ids, finite=not repeat)
+    if train:   # the language mix as drawn, for the log (data/NAME/tokens): a few batches ahead of the step
+      stats.track_source(src.name, weights[i])
+      r = r.map(sources.as_written(lambda d, name=src.name: stats.count_row(name, d)))
     if with_source:
       r = r.map(sources.as_written(lambda d, i=i: dict(d, source=tf.constant(i, tf.int32))))
     rows.append(r)
 
   if len(rows) == 1:
     mixed = rows[0]
-  elif train and repeat:
-    weights = mixing_weights(_source_sizes(srcs, c.source_sizes), c.mix_alpha)
+  elif mixing:
     logging.info("data: mixing %s", {s.name: round(w, 4) for s, w in zip(srcs, weights)})
     # Each host draws its own rows' sources (process 0 keeps the one-host stream's seed): with one
     # seed for all, row j of every host came from the same source, and a step's mix was P copies of one draw.
@@ -258,6 +262,7 @@ class Pipeline:
 
   def _start(self, skip: int):
     ds = self._dataset.skip(skip) if skip else self._dataset
+    self._stats.restart_drawn()   # the skipped batches are drawn (and counted) again: counts since the first row
     self._iterator = ds.prefetch(max(self.config.prefetch, 1)).as_numpy_iterator()
     _LIVE.add(self)
 
@@ -325,4 +330,11 @@ class Pipeline:
     return {} if self.fit == self.config.packing_fit else {"data.packing_fit": self.fit}
 
   def stats(self) -> dict:
-    return self._stats.as_dict()
+    """The repair counters, and (train split) each source's rows and real tokens this process has drawn,
+    a few batches ahead of the step (prefetch), with `tokens` the run's: this process's x processes (each
+    draws its own rows, with the same weights)."""
+    out = self._stats.as_dict()
+    drawn = self._stats.drawn()
+    for s in drawn.values():
+      s["tokens"] = s["tokens_local"] * self.process_count
+    return dict(out, sources=drawn) if drawn else out
