@@ -38,3 +38,13 @@ def test_train_benchmark_prints_its_json_line():
   assert r["model_flops_per_token"] == pytest.approx(flops)
   assert r["mfu"] == pytest.approx(r["tokens_per_sec"] * flops / 0.1e12)   # of the median run
   assert r["steps_per_sec"] == pytest.approx(r["tokens_per_sec"] / (4 * 32))
+
+
+def test_the_matmul_peak_is_timed_for_a_quarter_second_at_least():
+  """MFU's denominator on CPU: the best call of at least `min_seconds` of calls, not of the first few
+  (which run slow while threads wake)."""
+  import time
+  from mlm_jax.model import flops
+  start = time.perf_counter()
+  peak = flops.measure_matmul_peak(n=64, repeats=1, dtype="bfloat16", min_seconds=0.25)
+  assert time.perf_counter() - start >= 0.25 and peak > 0

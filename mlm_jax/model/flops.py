@@ -44,9 +44,14 @@ def dense_flops_per_token(cfg: ml_collections.ConfigDict, seq_len: int) -> float
   return flops_per_token(cfg, seq_len, None)
 
 
-def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32",
+                        min_seconds: float = 0.25) -> float:
   """Best achieved FLOP/s of one jitted square matmul on the default device (the MFU denominator): operands
-  in `dtype`, accumulated and returned in float32 (how model.matmul='f32_out' runs a bfloat16 model's)."""
+  in `dtype`, accumulated and returned in float32 (how model.matmul='f32_out' runs a bfloat16 model's).
+
+  Timed `repeats` times and for at least `min_seconds`: a CPU's first few calls after compiling run slow
+  (threads waking, caches), and a 1024 bfloat16 matmul takes ~2 ms, so three calls read 0.46-1.0 TFLOP/s on
+  one 2-core VM where a quarter second of calls reads 0.97-0.98."""
   import functools
   import jax
   import jax.numpy as jnp
@@ -54,11 +59,11 @@ def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32")
   b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   f = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
   f(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
+  best, calls, start = float("inf"), 0, time.perf_counter()
+  while calls < repeats or time.perf_counter() - start < min_seconds:
     t = time.perf_counter()
     f(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
+    best, calls = min(best, time.perf_counter() - t), calls + 1
   return 2.0 * n ** 3 / best
 
 
