@@ -56,9 +56,9 @@ class Stats:
 
   def track_source(self, name: str, weight: float) -> None:
     """Counters of the rows and real tokens (BOS/EOS included) that `count_row` sees of a source."""
-    if name not in self._drawn:
+    if name not in self._drawn:   # a rebuilt dataset keeps its counters, and takes the new weight
       self._drawn[name] = [tf.Variable(0, dtype=tf.int64, trainable=False),
-                           tf.Variable(0, dtype=tf.int64, trainable=False), weight]
+                           tf.Variable(0, dtype=tf.int64, trainable=False), None]
     self._drawn[name][2] = weight
 
   def count_row(self, name: str, row: dict) -> dict:
