@@ -22,7 +22,7 @@ peak): bfloat16 matmuls with float32 results, float32 weights (model.matmul); it
 (300 steps: held-out 6.367 against 6.372). docs/performance.md#the-recipes-step. The whole recipe with
 `:bf16` (seed 0, 2026-12-04, idle VM): 21m45s with its tokenizer, 21.3k tokens/s (median of the log lines,
 MFU 26-29% of the float32 peak), held-out loss 3.51, BLiMP --fast 56.0% (token PLL; whole_word 55.5,
-word_l2r 56.0).
+word_l2r 56.0); seed 1: 20m46s, held-out 3.69, BLiMP --fast 55.1%.
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
