@@ -59,7 +59,9 @@ STEPS = 6000
 # Model FLOPs per token of a train step (mlm_jax/model/flops.py) at 15% and 30% masking: the 30% run
 # predicts twice the slots, so it gets fewer steps for the same compute (every variant: STEPS x FLOPS_15).
 FLOPS_15, FLOPS_30 = 13_271_040, 14_671_872
-VARIANTS = ("mask30", "short", "bf16", "gptbert", "lamb", "zloss", "ltg")
+VARIANTS = ("mask30", "short", "hour", "bf16", "gptbert", "lamb", "zloss", "ltg")
+# `:hour`: the steps that fill an hour of the idle 2-core VM, tokenizer included, with `:bf16` (8/3 of the recipe).
+HOUR_STEPS = 16000
 
 
 def flops_per_token(c) -> float:
@@ -96,7 +98,9 @@ def get_config(variant=""):
                      mask_rate_schedule_mode="linear")   # the end step is set below
   if "ltg" in parts:
     c.model.update(dict(norm="pre", extra_norms=True, layer_weighting=True, mlp="geglu", intermediate_size=512))
-  steps = STEPS // 4 if "short" in parts else STEPS
+  if "short" in parts and "hour" in parts:
+    raise ValueError(f"configs/en_cpu_hour.py:{variant}: `short` and `hour` are two budgets; pick one")
+  steps = STEPS // 4 if "short" in parts else HOUR_STEPS if "hour" in parts else STEPS
   steps = round(steps * FLOPS_15 / flops_per_token(c))
   if "gptbert" in parts:
     c.masking.mask_rate_schedule = ("0:0.3", f"{steps}:0.15")
