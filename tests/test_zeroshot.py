@@ -288,9 +288,9 @@ def test_bad_input_is_one_line(data, tmp_path, shared_data):
 
 
 def test_the_cpu_recipes_variants_get_equal_compute():
-  """configs/en_cpu_hour.py's variants (:mask30, :gptbert, ... and :short with them) train for as many steps as
-  make steps x FLOPs per token (the objective's count, at the slots the masking predicts on CPU) the 15% run's
-  within one step; :gptbert's mask rate falls from 30% to 15% over exactly its steps."""
+  """configs/en_cpu_hour.py's variants (:mask30, :gptbert, ... and :short or :hour with them) train for as many
+  steps as make steps x FLOPs per token (the objective's count, at the slots the masking predicts on CPU) the 15%
+  run's of the same budget within one step; :gptbert's mask rate falls from 30% to 15% over exactly its steps."""
   import importlib.util
   from mlm_jax.objectives import masking, registry
   spec = importlib.util.spec_from_file_location("en_cpu_hour", pathlib.Path(__file__).resolve().parents[1]
@@ -304,18 +304,21 @@ def test_the_cpu_recipes_variants_get_equal_compute():
     slots = masking.max_predictions(c.masking, c.data.seq_len, "cpu")
     return c.train.steps, registry.load(c.objective).flops_per_token(c, c.data.seq_len, slots)
 
-  for short in ("", "short,"):
-    s15, f15 = compute(short.rstrip(","))
+  assert compute("hour")[0] == recipe.HOUR_STEPS and compute("short")[0] == recipe.STEPS // 4
+  for budget in ("", "short,", "hour,"):
+    s15, f15 = compute(budget.rstrip(","))
     for variant in ("mask30", "gptbert", "lamb", "zloss", "ltg", "gptbert,lamb,zloss,ltg"):
-      s, f = compute(short + variant)
-      assert abs(s * f - s15 * f15) <= f, (short, variant, s15, f15, s, f)
-    s30, f30 = compute(short + "mask30")
+      s, f = compute(budget + variant)
+      assert abs(s * f - s15 * f15) <= f, (budget, variant, s15, f15, s, f)
+    s30, f30 = compute(budget + "mask30")
     assert f30 > f15 and s30 < s15
     assert (recipe.FLOPS_15, recipe.FLOPS_30) == pytest.approx((f15, f30), rel=1e-3)
   gpt_bert = recipe.get_config("gptbert")
   assert tuple(gpt_bert.masking.mask_rate_schedule) == ("0:0.3", f"{gpt_bert.train.steps}:0.15")
   with pytest.raises(ValueError, match="mask30"):
     recipe.get_config("mask40")
+  with pytest.raises(ValueError, match="two budgets"):
+    recipe.get_config("short,hour")
 
 
 def test_the_multilingual_recipes_languages_and_variants(shared_data):
