@@ -23,7 +23,7 @@ peak): bfloat16 matmuls with float32 results, float32 weights (model.matmul); it
 (300 steps: held-out 6.367 against 6.372). docs/performance.md#the-recipes-step. The whole recipe with
 `:bf16` (seed 0, 2026-12-04, idle VM): 21m45s with its tokenizer, 21.3k tokens/s (median of the log lines,
 MFU 26-29% of the float32 peak), held-out loss 3.51, BLiMP --fast 56.0% (token PLL; whole_word 55.5,
-word_l2r 56.0); seed 1: 20m46s, held-out 3.69, BLiMP --fast 55.1%.
+word_l2r 56.0); seed 1: 20m46s, held-out 3.69, BLiMP --fast 55.1%; seed 2: 22m24s, held-out 3.46, 53.9%.
 `:bf16,hour` spends the aim's hour (60 minutes of the idle VM, tokenizer included): 16000 steps, 65.5M tokens, 8/3
 of the recipe's; seed 0 (2026-12-04, idle VM): 53m08s with its tokenizer, 22.2k tokens/s (median; MFU 26-30%),
 held-out loss 2.97 (accuracy 0.433), BLiMP --fast 59.3%, all 67,000 pairs 60.2% (scored in 6.5 min): 1.0 below
