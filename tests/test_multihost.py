@@ -203,6 +203,73 @@ def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_on_an
     assert logged[step]["real_tokens_per_sec"] / logged[step]["tokens_per_sec"] == pytest.approx(real, rel=1e-6)
 
 
+# Two processes of one run that only join it and then wait in Python, outside any collective (as a process
+# writing a checkpoint or fetching metrics does), then end the way a binary does: FAIL=1 with a UserError.
+_WAITER = """
+import os, sys, time
+from mlm_jax.errors import DataError
+from mlm_jax.runtime import distributed, one_line_errors
+def main(argv):
+  distributed.initialize_distributed(heartbeat_timeout_s=15)
+  print("joined", flush=True)
+  time.sleep(float(os.environ["WAIT_S"]))
+  if os.environ.get("FAIL"):
+    raise DataError("cannot read /no/such/corpus.txt")
+one_line_errors.run(main)
+"""
+
+
+def _waiters(*envs):
+  port, procs = _free_port(), []
+  for i, extra in enumerate(envs):
+    env = dict(cpu_env(1), MLM_JAX_COORDINATOR=f"localhost:{port}", MLM_JAX_NUM_PROCESSES="2",
+               MLM_JAX_PROCESS_ID=str(i), **extra)
+    procs.append(subprocess.Popen([sys.executable, "-c", _WAITER], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+  return procs
+
+
+def _ended(procs, timeout=120):
+  """(status, stderr) of each; the guard only stops a hung process (a run ends in seconds)."""
+  try:
+    return [(p.communicate(timeout=timeout)[1], p.returncode)[::-1] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+
+
+def _lost_line(err, survivor, gone):
+  lines = _lines(err, "error: ")
+  return len(lines) == 1 and lines[0].startswith(f"error: process {survivor} of 2 stops: another process of this run "
+                                                 f"is gone (process {gone} ended without a farewell")
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_process_outside_any_collective_ends_in_one_line_at_once_when_another_is_killed(victim):
+  """kill -9 of either process while the other waits outside a collective: the survivor ends with exit 1
+  and the one line (through its link to the other, peer_watch.py), not with the coordination service's
+  C++ abort (exit 134) that its heartbeat timeout brings."""
+  procs = _waiters({"WAIT_S": "600"}, {"WAIT_S": "600"})
+  assert all(p.stdout.readline() == "joined\n" for p in procs), _ended(procs)
+  procs[victim].kill()
+  (code, err), = _ended([procs[1 - victim]])
+  assert code == 1 and _lost_line(err, 1 - victim, victim), err[-3000:]
+  assert "Check failure" not in err and "Traceback" not in err
+  _ended(procs)
+
+
+def test_processes_ending_on_purpose_say_farewell_and_one_ending_with_an_error_stops_the_others():
+  """Ended on purpose a few seconds apart: both exit 0, no error line. Process 1 ends with a UserError
+  while process 0 still works: its own line and status 1 at once (not after waiting at the shutdown
+  barrier for process 0's 600 s), and process 0 stops with the one line."""
+  (c0, e0), (c1, e1) = _ended(_waiters({"WAIT_S": "4"}, {"WAIT_S": "1"}))
+  assert (c0, c1) == (0, 0) and "error: " not in e0 + e1, (e0[-2000:], e1[-2000:])
+  (c0, e0), (c1, e1) = _ended(_waiters({"WAIT_S": "600"}, {"WAIT_S": "1", "FAIL": "1"}))
+  assert c1 == 1 and _lines(e1, "error: ") == ["error: cannot read /no/such/corpus.txt"], e1[-3000:]
+  assert c0 == 1 and _lost_line(e0, 0, 1), e0[-3000:]
+
+
 LAUNCH = ["launch/tpu_vm.sh", "launch/slurm.sbatch", "launch/local_multiprocess.sh"]
 
 

@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Callable
 
+from mlm_jax.runtime import peer_watch
+
 
 def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
                            heartbeat_timeout_s: int = 60) -> None:
@@ -16,8 +18,9 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
   MEGASCALE_* variables the TPU runtime sets, or MLM_JAX_DISTRIBUTED=1, which launch/tpu_vm.sh
   --num_slices sets for slices of one host each). On CPU the processes talk
   through gloo, so several processes on one machine form one job (tests, launch/local_multiprocess.sh).
-  A process that stops heart-beating makes the others fail after `heartbeat_timeout_s` instead of
-  waiting forever in a collective.
+  A process that ends without a farewell ends the others at once (peer_watch.py); one that stops
+  heart-beating (a hung host) makes the others fail after `heartbeat_timeout_s` instead of waiting
+  forever in a collective.
   """
   import jax
   from absl import logging
@@ -40,6 +43,7 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     jax.distributed.initialize(**kw)
   else:
     return
+  peer_watch.start(heartbeat_timeout_s)
   logging.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
 

@@ -3,28 +3,13 @@ lost process of the run each end the process with one line on stderr and its own
 from __future__ import annotations
 
 import ast
-import os
 import sys
+import traceback
 from typing import Callable, NoReturn
 
 from mlm_jax.runtime.distributed import peer_lost
-from mlm_jax.runtime.teardown import exit_now, flush_all
-
-
-def _first_line(e: BaseException) -> str:
-  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-  return " ".join((lines[0] if lines else type(e).__name__).split())[:300]
-
-
-def exit_peer_lost(e: BaseException) -> NoReturn:
-  """One line, then exit 1 at once: the distributed runtime's own shutdown would wait for the lost process
-  at a barrier and then abort with a C++ stack trace."""
-  import jax
-  print(f"error: process {jax.process_index()} of {jax.process_count()} stops: another process of this run is gone "
-        f"({_first_line(e)}). Nothing newer was saved; the last complete checkpoint is intact: rerun the same "
-        "command on every host to resume from it", file=sys.stderr)
-  flush_all()
-  os._exit(1)
+from mlm_jax.runtime.peer_watch import exit_peer_lost, farewell, leave_after_error
+from mlm_jax.runtime.teardown import exit_now
 
 
 def report_user_error(e: Exception) -> None:
@@ -42,7 +27,8 @@ def _logs_to_file() -> bool:
 def run(main: Callable[[list], None], exit_code: int = 1) -> NoReturn:
   """app.run(main) with one-line errors, then `exit_now`: a UserError from main exits `exit_code`,
   and a --config.* override naming a key that does not exist exits 2. An exception escaping main
-  ends the process the usual way (its traceback, status 1).
+  prints its traceback and exits 1. In a run of several processes, one that ends with an error
+  leaves at once, so that the others stop with one line instead of waiting for it (peer_watch.py).
 
   absl parses the overrides into the locked ConfigDict before `main` starts and lets the KeyError
   escape as a traceback; errors raised once `main` runs are left alone, except UserErrors.
@@ -50,8 +36,23 @@ def run(main: Callable[[list], None], exit_code: int = 1) -> NoReturn:
   try:
     _run(main, exit_code)
   except SystemExit as e:
-    exit_now(e.code)
-  exit_now(0)
+    _end(e.code)
+  except Exception:   # a bug: its traceback and status 1; in a run of several the others then stop too
+    traceback.print_exc()
+    _end(1)
+  _end(0)
+
+
+def _end(code) -> NoReturn:
+  """exit_now, after the farewell of a process of several that ends on purpose (finished or preempted):
+  the others must not take its links closing for a loss; one that ends with an error leaves at once,
+  so that they stop too (peer_watch.py)."""
+  from mlm_jax.errors import Preempted
+  if code in (None, 0, Preempted.EXIT_CODE):
+    farewell()
+  elif isinstance(code, int):
+    leave_after_error(code)
+  exit_now(code)
 
 
 def _run(main: Callable[[list], None], exit_code: int) -> None:
