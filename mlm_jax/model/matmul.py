@@ -19,6 +19,7 @@ copies are cut along a dimension that is not the batch's, so they need no commun
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -54,11 +55,11 @@ def _gradient_specs(spec: str) -> tuple[str, str]:
   return f"{out},{rhs}->{lhs}", f"{lhs},{out}->{rhs}"
 
 
-def _plan(sa: str, sb: str, out: str) -> tuple[str, str, int]:
+def _plan(sa: str, sb: str, out: str) -> tuple[str, str]:
   """How XLA:CPU's YNNPACK dot takes 'sa,sb->out' with `sa` first: (the first operand's index order, the
-  dot's output order, and what the transposes cost: 1 for the first operand, 1 for the output). YNNPACK
-  takes a first operand only with the indices it contracts last (XLA upcasts a 2-d dot with another one
-  to float32, and a batched one fails to run), and XLA reorders a dot whose output lists a free index of
+  dot's output order); where either differs from `sa` or `out`, that array is transposed. YNNPACK takes
+  a first operand only with the indices it contracts last (XLA upcasts a 2-d dot with another one to
+  float32, and a batched one fails to run), and XLA reorders a dot whose output lists a free index of
   the second operand before one of the first, so such an output is made in order and transposed."""
   contracted = [c for c in sa if c not in out]
   order = sa
@@ -71,7 +72,7 @@ def _plan(sa: str, sb: str, out: str) -> tuple[str, str, int]:
   if reversed_out:
     batch = [c for c in out if c in sa and c in sb]
     dot_out = "".join(batch + [c for c in order if c in free_a] + [c for c in sb if c in free_b])
-  return order, dot_out, int(order != sa) + int(dot_out != out)
+  return order, dot_out
 
 
 def _materialized(x, spec: str, to: str):
@@ -92,12 +93,29 @@ def _materialized(x, spec: str, to: str):
 
 def _matmul(spec: str, a, b):
   """einsum(spec, a, b) in float32 on operands of one dtype, in the form XLA:CPU's YNNPACK dot takes
-  (`_plan`): of the two operand orders, the one that needs the fewer transposes."""
+  (`_plan`): of the two operand orders, the one whose transposed copies hold the fewer elements (for a
+  batched dot, the fewer copies). A transpose is memory-bound work outside the dot: the weight gradient
+  of the FFN's output projection transposes the [tokens, 192] gradient and the [192, 768] result rather
+  than the [tokens, 768] input, the MLM loss's slot gradient the embeddings rather than the [vocabulary,
+  slots] logits gradient (the recipe's bfloat16 step on the Intel VM: 1.04-1.19x tokens/s, median 1.10;
+  docs/performance.md)."""
   inputs, out = spec.split("->")
   sa, sb = inputs.split(",")
-  plans = [(_plan(sa, sb, out), sa, sb, a, b), (_plan(sb, sa, out), sb, sa, b, a)]
-  (order, dot_out, _), s1, s2, x, y = min(plans, key=lambda p: p[0][2])
+  size = dict(zip(sa, a.shape)) | dict(zip(sb, b.shape))
+  out_elements = math.prod(size[c] for c in out)
+  batched = any(c in sb and c in out for c in sa)
+
+  def moved(s1, s2, x):
+    order, dot_out = _plan(s1, s2, out)
+    if batched:   # attention's: counted; weighed, the recipe's step gained less (1.02-1.15x)
+      return int(order != s1) + int(dot_out != out)
+    return (x.size if order != s1 else 0) + (out_elements if dot_out != out else 0)
+
+  s1, s2, x, y = min([(sa, sb, a, b), (sb, sa, b, a)], key=lambda p: moved(*p[:3]))
+  order, dot_out = _plan(s1, s2, out)
   z = jnp.einsum(f"{order},{s2}->{dot_out}", _materialized(x, s1, order), y, preferred_element_type=jnp.float32)
+  if dot_out != out:   # else XLA folds the transpose back into the dot, swapping its operands
+    z = jax.lax.optimization_barrier(z)
   return _materialized(z, dot_out, out)
 
 
