@@ -121,12 +121,15 @@ class _Watch:
     """Every other process: its link to process 0, made before the run goes on (a process lost at any
     later moment is then seen), or None where it cannot be made."""
     from absl import logging
+    published = client.blocking_key_value_get(_KEY, token_wait_ms)
+    if published == "none":   # process 0 has no port (it said why)
+      return None
     try:
-      port, token = client.blocking_key_value_get(_KEY, token_wait_ms).split()
-      sock = socket.create_connection((coordinator_host, int(port)), timeout=30)
+      port, token = published.split()
+      sock = socket.create_connection((coordinator_host, int(port)), timeout=10)
       sock.settimeout(None)
       sock.sendall(f"{token} {self.process_id}\n".encode())
-    except Exception as e:   # noqa: BLE001 - the run goes on without the watch
+    except OSError as e:   # the run goes on without the watch
       logging.warning("no link to process 0 for telling a lost process at once (%s): a lost process ends "
                       "this one at the heartbeat timeout instead", e)
       return None
@@ -161,10 +164,17 @@ def start(heartbeat_timeout_s: int) -> None:
   state = jax_distributed.global_state
   watch = _Watch(jax.process_index(), heartbeat_timeout_s)
   if watch.process_id == 0:
-    if socket.has_dualstack_ipv6():
-      server = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
-    else:
-      server = socket.create_server(("", 0))
+    try:
+      if socket.has_dualstack_ipv6():
+        server = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+      else:
+        server = socket.create_server(("", 0))
+    except OSError as e:
+      from absl import logging
+      logging.warning("no port for the other processes' links (%s): a lost process ends the others at the "
+                      "heartbeat timeout instead", e)
+      state.client.key_value_set(_KEY, "none")   # the others go on without waiting for a port
+      return
     token = secrets.token_hex(16)
     state.client.key_value_set(_KEY, f"{server.getsockname()[1]} {token}")
     target, args = watch.serve, (server, token.encode())
