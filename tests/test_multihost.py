@@ -3,7 +3,8 @@
 
 Each input path has one uninterrupted run, the reference, and one run that lives as a pod's does:
 preempted (SIGTERM to one process, or to all), killed (kill -9 of one process), restarted on another
-process count, and resumed to the reference's last step, whose losses it must give (1e-6).
+process count, and resumed to the reference's last step, whose losses it must give (1e-6). Two processes
+that only join a run and wait check how a process ends when another is killed or fails, or both finish.
 """
 import json
 import os
