@@ -97,8 +97,8 @@ def _matmul(spec: str, a, b):
   batched dot, the fewer copies). A transpose is memory-bound work outside the dot: the weight gradient
   of the FFN's output projection transposes the [tokens, 192] gradient and the [192, 768] result rather
   than the [tokens, 768] input, the MLM loss's slot gradient the embeddings rather than the [vocabulary,
-  slots] logits gradient (the recipe's bfloat16 step on the Intel VM: 1.04-1.19x tokens/s, median 1.10;
-  docs/performance.md)."""
+  slots] logits gradient (the recipe's bfloat16 step on the Intel VM: 1.09-1.21x tokens/s idle, median
+  1.17; docs/performance.md)."""
   inputs, out = spec.split("->")
   sa, sb = inputs.split(",")
   size = dict(zip(sa, a.shape)) | dict(zip(sb, b.shape))
@@ -107,7 +107,7 @@ def _matmul(spec: str, a, b):
 
   def moved(s1, s2, x):
     order, dot_out = _plan(s1, s2, out)
-    if batched:   # attention's: counted; weighed, the recipe's step gained less (1.02-1.15x)
+    if batched:   # attention's: counted; weighed too, the step gained less (1.02-1.15x, loaded)
       return int(order != s1) + int(dot_out != out)
     return (x.size if order != s1 else 0) + (out_elements if dot_out != out else 0)
 
