@@ -72,12 +72,13 @@ class _Watch:
         except OSError:
           pass
 
-  def lost(self, who: int, how: str) -> None:
+  def lost(self, who: int, error: OSError | None) -> None:
+    """Process `who`'s link closed without a farewell (`error`: what closed it, if the read failed)."""
     with self.lock:
       if self.leaving:
         return
     from mlm_jax.errors import PeerLost
-    exit_peer_lost(PeerLost(f"process {who} {how}"))
+    exit_peer_lost(PeerLost(f"process {who} ended without a farewell" + (f": {error}" if error else "")))
 
   def serve(self, server: socket.socket, token: bytes) -> None:
     """Process 0: accepts each process's link (a stranger without the run's token is dropped), then waits
@@ -93,12 +94,7 @@ class _Watch:
           conn, _ = server.accept()
           sel.register(conn, selectors.EVENT_READ)
           continue
-        try:
-          data = sock.recv(256)
-        except OSError as e:
-          data, error = b"", e
-        else:
-          error = None
+        data, error = _receive(sock)
         if sock not in who:   # the first message: "TOKEN PROCESS_ID"
           parts = data.split()
           if len(parts) >= 2 and parts[0] == token and parts[1].isdigit():
@@ -115,7 +111,7 @@ class _Watch:
         if not data:
           sel.unregister(sock)
           if sock not in said_farewell:
-            self.lost(who[sock], "ended without a farewell" + (f": {error}" if error else ""))
+            self.lost(who[sock], error)
 
   def link(self, client, coordinator_host: str, token_wait_ms: int) -> socket.socket | None:
     """Every other process: its link to process 0, made before the run goes on (a process lost at any
@@ -140,15 +136,20 @@ class _Watch:
     """Every other process: waits for process 0's link to close."""
     said_farewell = False
     while True:
-      try:
-        data, error = sock.recv(256), None
-      except OSError as e:
-        data, error = b"", e
+      data, error = _receive(sock)
       said_farewell = said_farewell or _FAREWELL in data
       if not data:
         if not said_farewell:
-          self.lost(0, "ended without a farewell" + (f": {error}" if error else ""))
+          self.lost(0, error)
         return
+
+
+def _receive(sock: socket.socket) -> tuple[bytes, OSError | None]:
+  """What the other end sent next; b'' once the link is closed, with the error that closed it, if any."""
+  try:
+    return sock.recv(256), None
+  except OSError as e:
+    return b"", e
 
 
 _watch: _Watch | None = None
