@@ -205,7 +205,8 @@ def test_a_phased_store_run_preempted_on_every_host_resumes_on_one_process_on_an
 
 
 # Two processes of one run that only join it and then wait in Python, outside any collective (as a process
-# writing a checkpoint or fetching metrics does), then end the way a binary does: FAIL=1 with a UserError.
+# writing a checkpoint or fetching metrics does), then end the way a binary does: FAIL=1 with a UserError,
+# FAIL=exit with `sys.exit("text")`.
 _WAITER = """
 import os, sys, time
 from mlm_jax.errors import DataError
@@ -214,6 +215,8 @@ def main(argv):
   distributed.initialize_distributed(heartbeat_timeout_s=15)
   print("joined", flush=True)
   time.sleep(float(os.environ["WAIT_S"]))
+  if os.environ.get("FAIL") == "exit":
+    sys.exit("stopping: the corpus is gone")
   if os.environ.get("FAIL"):
     raise DataError("cannot read /no/such/corpus.txt")
 one_line_errors.run(main)
@@ -263,11 +266,14 @@ def test_a_process_outside_any_collective_ends_in_one_line_at_once_when_another_
 def test_processes_ending_on_purpose_say_farewell_and_one_ending_with_an_error_stops_the_others():
   """Ended on purpose a few seconds apart: both exit 0, no error line. Process 1 ends with a UserError
   while process 0 still works: its own line and status 1 at once (not after waiting at the shutdown
-  barrier for process 0's 600 s), and process 0 stops with the one line."""
+  barrier for process 0's 600 s), and process 0 stops with the one line; the same for `sys.exit("text")`."""
   (c0, e0), (c1, e1) = _ended(_waiters({"WAIT_S": "4"}, {"WAIT_S": "1"}))
   assert (c0, c1) == (0, 0) and "error: " not in e0 + e1, (e0[-2000:], e1[-2000:])
   (c0, e0), (c1, e1) = _ended(_waiters({"WAIT_S": "600"}, {"WAIT_S": "1", "FAIL": "1"}))
   assert c1 == 1 and _lines(e1, "error: ") == ["error: cannot read /no/such/corpus.txt"], e1[-3000:]
+  assert c0 == 1 and _lost_line(e0, 0, 1), e0[-3000:]
+  (c0, e0), (c1, e1) = _ended(_waiters({"WAIT_S": "600"}, {"WAIT_S": "1", "FAIL": "exit"}))   # sys.exit("text")
+  assert c1 == 1 and e1.strip().splitlines()[-1] == "stopping: the corpus is gone", e1[-3000:]
   assert c0 == 1 and _lost_line(e0, 0, 1), e0[-3000:]
 
 

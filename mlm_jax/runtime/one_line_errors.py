@@ -50,7 +50,10 @@ def _end(code) -> NoReturn:
   from mlm_jax.errors import Preempted
   if code in (None, 0, Preempted.EXIT_CODE):
     farewell()
-  elif isinstance(code, int):
+  else:
+    if not isinstance(code, int):   # sys.exit("message"): the message, then status 1, as Python's exit does
+      print(code, file=sys.stderr)
+      code = 1
     leave_after_error(code)
   exit_now(code)
 
