@@ -29,9 +29,9 @@ of the recipe's; seed 0 (2026-12-04, idle VM): 53m08s with its tokenizer, 22.2k 
 held-out loss 2.97 (accuracy 0.433), BLiMP --fast 59.3%, all 67,000 pairs 60.2% (scored in 6.5 min): 1.0 below
 the 5-gram row; seed 1: 52m44s, held-out 3.05, --fast 58.6%, all pairs 59.2%; the two seeds' mean, 59.7%, is 1.5
 below it (the aim is the mean of 3 seeds). `:hour` in float32 (without `:bf16`) takes about twice as long.
-`:bf16,hour,mask30` (14472 steps, the same FLOPs), seeds 0 / 1: BLiMP --fast 59.7 / 60.0%, all pairs 60.8 / 60.5%
-(mean 60.65, +0.95 over 15%'s two seeds; 0.55 below the 5-gram row); 1h17m on a slower 2-core VM (Intel Xeon,
-13.6k tokens/s).
+`:bf16,hour,mask30` (14472 steps, the same FLOPs), seeds 0 / 1 / 2: BLiMP --fast 59.7 / 60.0 / 58.6%, all pairs
+60.8 / 60.5 / 59.8% (mean 60.4, +0.7 over 15%'s two seeds; 0.83 below the 5-gram row); 1h17m (seed 0) and 1h10m
+(seed 2, idle, the faster matmul plan) on a slower 2-core VM (Intel Xeon, 13.6k / 15.1k tokens/s).
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
