@@ -9,7 +9,7 @@ from typing import Callable, NoReturn
 
 from mlm_jax.runtime.distributed import peer_lost
 from mlm_jax.runtime.peer_watch import exit_peer_lost, farewell, leave_after_error
-from mlm_jax.runtime.teardown import exit_now
+from mlm_jax.runtime.teardown import exit_now, exit_status
 
 
 def report_user_error(e: Exception) -> None:
@@ -48,14 +48,12 @@ def _end(code) -> NoReturn:
   the others must not take its links closing for a loss; one that ends with an error leaves at once,
   so that they stop too (peer_watch.py)."""
   from mlm_jax.errors import Preempted
-  if code in (None, 0, Preempted.EXIT_CODE):
+  status = exit_status(code)   # sys.exit("message"): the message printed, status 1
+  if status in (0, Preempted.EXIT_CODE):
     farewell()
   else:
-    if not isinstance(code, int):   # sys.exit("message"): the message, then status 1, as Python's exit does
-      print(code, file=sys.stderr)
-      code = 1
-    leave_after_error(code)
-  exit_now(code)
+    leave_after_error(status)
+  exit_now(status)
 
 
 def _run(main: Callable[[list], None], exit_code: int) -> None:

@@ -18,23 +18,28 @@ def exit_now(code=0) -> NoReturn:
   output is done here first, in its order: non-daemon threads joined (threading's own shutdown,
   which also stops concurrent.futures pools), the atexit handlers (logging's flush and close,
   jax.distributed's shutdown barrier, weakref finalizers: store workers, temporary folders), then
-  Python's and C's stdio buffers flushed. The status is sys.exit's: None 0, an int itself, anything
-  else printed to stderr and 1. Only a process's last call: tests/test_train.py checks that a
-  run's metrics, TensorBoard events and checkpoints are whole after it.
+  Python's and C's stdio buffers flushed. The status is sys.exit's (`exit_status`). Only a process's
+  last call: tests/test_train.py checks that a run's metrics, TensorBoard events and checkpoints are
+  whole after it.
   """
-  if code is None:
-    status = 0
-  elif isinstance(code, int):
-    status = code
-  else:
-    print(code, file=sys.stderr)
-    status = 1
+  status = exit_status(code)
   shutdown = getattr(threading, "_shutdown", None)   # what Py_Finalize calls first
   if shutdown is not None:
     shutdown()
   atexit._run_exitfuncs()
   flush_all()
   os._exit(status)
+
+
+def exit_status(code) -> int:
+  """sys.exit's status for `code`: None 0, an int itself, anything else printed to stderr (its
+  message) and 1."""
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code
+  print(code, file=sys.stderr)
+  return 1
 
 
 def flush_all() -> None:
