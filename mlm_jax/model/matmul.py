@@ -105,13 +105,14 @@ def _matmul(spec: str, a, b):
   out_elements = math.prod(size[c] for c in out)
   batched = any(c in sb and c in out for c in sa)
 
-  def moved(s1, s2, x, y, order, dot_out):
+  def moved(plan):
+    s1, _, x, _, order, dot_out = plan
     if batched:   # attention's: counted; weighed too, the step gained less (1.02-1.15x, loaded)
       return int(order != s1) + int(dot_out != out)
     return (x.size if order != s1 else 0) + (out_elements if dot_out != out else 0)
 
   plans = [(s1, s2, x, y, *_plan(s1, s2, out)) for s1, s2, x, y in ((sa, sb, a, b), (sb, sa, b, a))]
-  s1, s2, x, y, order, dot_out = min(plans, key=lambda p: moved(*p))
+  s1, s2, x, y, order, dot_out = min(plans, key=moved)
   z = jnp.einsum(f"{order},{s2}->{dot_out}", _materialized(x, s1, order), y, preferred_element_type=jnp.float32)
   if dot_out != out:   # else XLA folds the transpose back into the dot, swapping its operands
     z = jax.lax.optimization_barrier(z)
