@@ -108,6 +108,8 @@ def main(argv=None):
   p.add_argument("--ffn", type=int, default=768)
   p.add_argument("--dropout", type=float, default=0.1, help="RobertaConfig's default")
   p.add_argument("--learning_rate", type=float, default=5e-5, help="the Trainer's default")
+  p.add_argument("--adam_beta2", type=float, default=0.999, help="the Trainer's default (the recipe: 0.98)")
+  p.add_argument("--adam_epsilon", type=float, default=1e-8, help="the Trainer's default (the recipe: 1e-6)")
   p.add_argument("--warmup_ratio", type=float, default=0.0)
   p.add_argument("--weight_decay", type=float, default=0.0)
   p.add_argument("--mlm_probability", type=float, default=0.15)
@@ -162,7 +164,8 @@ def main(argv=None):
 
   training = TrainingArguments(
       output_dir=tempfile.mkdtemp(prefix="peer_trainer_"), max_steps=steps, per_device_train_batch_size=args.batch_size,
-      learning_rate=args.learning_rate, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
+      learning_rate=args.learning_rate, adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon,
+      warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
       logging_steps=max(1, steps // 20), save_strategy="no", report_to=[], seed=args.seed, use_cpu=True,
       bf16=args.bf16, dataloader_num_workers=0)
   collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=args.mlm_probability)
@@ -179,7 +182,8 @@ def main(argv=None):
                  documents=n_docs, corpus_tokens=int(len(stream)), epochs=tokens / max(1, blocks.numel()),
                  final_loss=float(result.training_loss), tokenize_s=round(tokenize_s, 1), train_s=round(train_s, 1),
                  tokens_per_sec=round(tokens / train_s, 1), transformers=transformers.__version__,
-                 torch=torch.__version__, learning_rate=args.learning_rate, dropout=args.dropout, bf16=args.bf16)
+                 torch=torch.__version__, learning_rate=args.learning_rate, adam_beta2=args.adam_beta2,
+                 adam_epsilon=args.adam_epsilon, dropout=args.dropout, bf16=args.bf16)
   print(json.dumps(summary))
   return 0
 
