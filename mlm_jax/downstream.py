@@ -43,6 +43,8 @@ _CLAMS_LANGS = flags.DEFINE_list("clams_languages", [], "clams: score only these
 _PLL = flags.DEFINE_enum("pll", "token", ["token", "whole_word", "word_l2r"], "Pseudo-log-likelihood of the "
                          "zero-shot tasks: each piece masked alone (token), each word whole (whole_word), or each "
                          "piece with the rest of its word to its right (word_l2r, Kauf & Ivanova 2023).")
+_DTYPE = flags.DEFINE_enum("zeroshot_dtype", "", ["", "float32", "bfloat16"], "The compute dtype that scores the "
+                            "zero-shot tasks (default: the model's own; the parameters stay as saved).")
 _GOOD = flags.DEFINE_string("pairs_good", "good", "pairs tasks: the column of the grammatical sentence.")
 _BAD = flags.DEFINE_string("pairs_bad", "bad", "pairs tasks: the column of the ungrammatical sentence.")
 _PHENOMENON = flags.DEFINE_string("pairs_phenomenon", "phenomenon", "pairs tasks: the column of the phenomenon "
@@ -88,6 +90,7 @@ def main(argv):
   common = dict(tasks=_TASKS.value, fast=_FAST.value, seeds=_SEEDS.value, pretrain_langs=_LANGS.value,
                 data=_DATA.value, overrides=_overrides(_SET.value), blimp_pairs=_BLIMP_PAIRS.value,
                 zeroshot_pairs=_ZS_PAIRS.value, pll=_PLL.value, clams_languages=tuple(_CLAMS_LANGS.value),
+                zeroshot_dtype=_DTYPE.value,
                 pair_columns=dict(good=_GOOD.value, bad=_BAD.value, phenomenon=_PHENOMENON.value))
   if _BASELINE.value:
     suite.run_with_baseline(init_from, out, **common)

@@ -110,7 +110,8 @@ def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   assert summary["tasks"] == {} and summary["zeroshot_average"] == pytest.approx(100 * z["overall"])
   assert list(zeroshot.pair_correct([1.0, 2.0, 3.0], [1.0, 1.0, 4.0])) == [False, True, False]
   table = open(os.path.join(out, "downstream.txt")).read()
-  assert re.search(rf"^blimp +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +\(zero-shot, {3 * PAIRS} pairs, token PLL\)$",
+  assert re.search(rf"^blimp +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +"
+                   rf"\(zero-shot, {3 * PAIRS} pairs, token PLL in float32\)$",
                    table, re.M), table
   assert re.search(r"^average \(zero-shot\) +\d+\.\d", table, re.M) and "average (fine-tuning)" not in table
   assert re.search(r"^phenomenon +this model +5-gram +LSTM +Transformer-XL +GPT-2$", table, re.M)
@@ -135,9 +136,10 @@ def test_clams_and_a_users_pairs_by_blimps_rules(data, constant_workdir, tmp_pat
   """--tasks=clams,pairs:mine=FILE with the constant model: each set (a language's file; a phenomenon of the
   user's file) scores the share of pairs whose good sentence is the shorter; a language's accuracy is the mean
   over its phenomena, overall the mean over languages; the tables show them. A re-run with --pll=word_l2r
-  scores again (the kept result names the variant) and says so in table and JSON."""
-  from mlm_jax.evaluation import fill_mask
-  from mlm_jax.finetuning import suite
+  scores again (the kept result names the variant) and says so in table and JSON, as does --zeroshot_dtype."""
+  import jax.numpy as jnp
+  from mlm_jax.evaluation import fill_mask, pll
+  from mlm_jax.finetuning import suite, zeroshot_suite
   tok = fill_mask.from_workdir(constant_workdir).tokenizer
   sets = clams.read(str(data / clams.FOLDER))
   expected = {s.name: _constant_model_accuracy(tok, s) for s in sets}
@@ -158,10 +160,11 @@ def test_clams_and_a_users_pairs_by_blimps_rules(data, constant_workdir, tmp_pat
   mine_sets = {s.phenomenon: _constant_model_accuracy(tok, s) for s in minimal_pairs.read(str(mine))}
   assert m["phenomena"] == pytest.approx(mine_sets) and m["overall"] == pytest.approx(np.mean(list(mine_sets.values())))
   table = open(os.path.join(out, "downstream.txt")).read()
-  assert re.search(rf"^clams +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +\(zero-shot, 44 pairs, token PLL\)$",
+  assert re.search(rf"^clams +acc +{100 * z['overall']:.1f} +- +\dm\d\ds +"
+                   r"\(zero-shot, 44 pairs, token PLL in float32\)$",
                    table, re.M), table
-  assert re.search(r"^zero-shot clams \(token pseudo-log-likelihood, a tie is wrong; 44 pairs; the mean of a language "
-                   r"over its phenomena", table, re.M), table
+  assert re.search(r"^zero-shot clams \(token pseudo-log-likelihood in float32, a tie is wrong; 44 pairs; "
+                   r"the mean of a language over its phenomena", table, re.M), table
   assert re.search(r"^phenomenon +de +en +fr +he +ru$", table, re.M), table
   cells = " +".join(f"{100 * expected[f'{l}/simple_agrmt']:.1f}" for l in langs)
   assert re.search(rf"^simple_agrmt +{cells}$", table, re.M), table
@@ -173,7 +176,22 @@ def test_clams_and_a_users_pairs_by_blimps_rules(data, constant_workdir, tmp_pat
              for l in lines), lines
   assert again["zeroshot"]["clams"]["pll"] == "word_l2r" and again["zeroshot"]["clams"]["depends_on"]["pll"] == "word_l2r"
   assert again["zeroshot"]["clams"]["overall"] == pytest.approx(z["overall"])   # every variant: -log V a scored piece
-  assert "(zero-shot, 44 pairs, word_l2r PLL)" in open(os.path.join(out, "downstream.txt")).read()
+  assert "(zero-shot, 44 pairs, word_l2r PLL in float32)" in open(os.path.join(out, "downstream.txt")).read()
+  # --zeroshot_dtype: the same parameters computed in bfloat16, scored again and said so; the model's own
+  # dtype (float32 here) otherwise.
+  lines.clear()
+  bf16 = suite.run_suite(constant_workdir, out, tasks="clams", data=str(data), pll="word_l2r",
+                         zeroshot_dtype="bfloat16", log=lines.append)["zeroshot"]["clams"]
+  assert any("clams: the kept result is of another model or subset (dtype None -> 'bfloat16')" in l
+             for l in lines), lines
+  assert any("clams: started (44 pairs, 11 sets, word_l2r PLL in bfloat16)" in l for l in lines), lines
+  assert bf16["dtype"] == "bfloat16" and bf16["overall"] == pytest.approx(z["overall"])   # logits all zero
+  assert "(zero-shot, 44 pairs, word_l2r PLL in bfloat16)" in open(os.path.join(out, "downstream.txt")).read()
+  ids = jnp.asarray(pll.encode(tok, ["the dog runs"]))
+  for dtype, expected_dtype in (("", jnp.float32), ("bfloat16", jnp.bfloat16)):
+    lm = zeroshot_suite.load_masked_lm(constant_workdir, constant_workdir, False, dtype=dtype)
+    hidden = lm.model(ids, jnp.ones_like(ids), jnp.arange(ids.shape[1])[None], None)
+    assert hidden.dtype == expected_dtype, (dtype, hidden.dtype)
   # --clams_languages: only those languages' files, each scored as in the run of all five.
   two = suite.run_suite(constant_workdir, str(tmp_path / "two"), tasks="clams", data=str(data),
                         clams_languages=("ru", "de"), log=lines.append)["zeroshot"]["clams"]

@@ -34,9 +34,12 @@ class MaskedLM:
   shift: int = 0                     # a masked token at t is predicted at t - shift (the objective's prediction_shift)
 
 
-def from_workdir(workdir: str, step: int | None = None) -> MaskedLM:
-  """The run's masked LM: the tower its objective names (ELECTRA: the generator), from the latest or `step`."""
+def from_workdir(workdir: str, step: int | None = None, dtype: str = "") -> MaskedLM:
+  """The run's masked LM: the tower its objective names (ELECTRA: the generator), from the latest or `step`;
+  `dtype`: its compute dtype instead of the run's (the parameters stay as saved)."""
   config = workdir_files.config_at(workdir, step)
+  if dtype:
+    config.model.dtype = dtype
   objective = registry.for_config(config)
   path, mcfg = objective.masked_lm(config)
   tok = workdir_files.load_tokenizer(workdir_files.tokenizer_path(workdir, config), mcfg.vocab_size)
@@ -59,11 +62,14 @@ def _refuse_discriminator(mcfg: ml_collections.ConfigDict, where: str) -> None:
                     "MLM head to fill masks; use the generator (to_hf's OUT/generator, or the ELECTRA run's workdir)")
 
 
-def from_hf_dir(hf_dir: str, tokenizer: str | None = None) -> MaskedLM:
-  """An HF folder run by our model; its tokenizer is the folder's (`tokenizer.load`), or `tokenizer`."""
+def from_hf_dir(hf_dir: str, tokenizer: str | None = None, dtype: str = "") -> MaskedLM:
+  """An HF folder run by our model; its tokenizer is the folder's (`tokenizer.load`), or `tokenizer`; `dtype`:
+  the compute dtype instead of the default's."""
   from flax import nnx
   hcfg = folders.read_hf_config(hf_dir)
   mcfg = folders.model_config(hcfg)
+  if dtype:
+    mcfg.dtype = dtype
   _refuse_discriminator(mcfg, hf_dir)
   if tokenizer:
     tok = workdir_files.load_tokenizer(tokenizer, mcfg.vocab_size)

@@ -25,14 +25,15 @@ def init_identity(init_from: str, random_init: bool) -> dict:
               init_config=init_config, random_init=bool(random_init))
 
 
-def zeroshot_identity(init_from: str, random_init: bool, pll: str) -> dict:
-  """What a zero-shot score depends on besides its pairs: the model (`init_identity`) and the PLL variant
-  that scored it (evaluation/pll.py VARIANTS), so scores of different variants are never mixed."""
-  return dict(init_identity(init_from, random_init), pll=pll)
+def zeroshot_identity(init_from: str, random_init: bool, pll: str, dtype: str = "") -> dict:
+  """What a zero-shot score depends on besides its pairs: the model (`init_identity`), the PLL variant
+  that scored it (evaluation/pll.py VARIANTS) and a compute dtype chosen over the model's, so scores of
+  different variants or dtypes are never mixed."""
+  return dict(init_identity(init_from, random_init), pll=pll, **(dict(dtype=dtype) if dtype else {}))
 
 
 def differs(saved: dict, now: dict) -> str:
   """'init_step 2 -> 4, config' : what changed since a result was saved (or its run started)."""
   keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-  plain = ("init_step", "mode", "random_init", "overrides", "pairs", "pll")
+  plain = ("init_step", "mode", "random_init", "overrides", "pairs", "pll", "dtype")
   return ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" if k in plain else k for k in keys)

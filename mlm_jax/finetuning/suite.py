@@ -153,12 +153,12 @@ def run_one(task: SuiteTask, seed: int, *, init_from: str, out: str, mode: str, 
 def run_suite(init_from: str, out: str, *, tasks="", fast: bool = False, seeds: int = 0,
               random_init: bool = False, pretrain_langs: str = "", data: str = "", overrides: dict | None = None,
               log=say, blimp_pairs: int = 0, zeroshot_pairs: int = 0, pll: str = "token",
-              pair_columns: dict | None = None, clams_languages: tuple = ()) -> dict:
+              pair_columns: dict | None = None, clams_languages: tuple = (), zeroshot_dtype: str = "") -> dict:
   """Every selected task x seed (finished ones read back) and the zero-shot tasks, then the summary, written
   to OUT/downstream.json and OUT/downstream.txt. A transformers folder is converted once, into OUT/init_model.
   `tasks`: 'a,b' or a list of such strings (--tasks repeated); zero-shot tasks score `zeroshot_pairs` pairs a set
   (BLiMP: `blimp_pairs` if given) by the `pll` variant, a pairs task's columns named by `pair_columns`; CLAMS
-  in `clams_languages` (() = all five)."""
+  in `clams_languages` (() = all five), computed in `zeroshot_dtype` (default: the model's compute dtype)."""
   from mlm_jax.evaluation import pll as pll_lib
   from mlm_jax.finetuning import suite_report, zeroshot_suite
   from mlm_jax.training import provision
@@ -175,9 +175,9 @@ def run_suite(init_from: str, out: str, *, tasks="", fast: bool = False, seeds: 
   langs, langs_from = pretrain_languages(init_from, pretrain_langs)
   zeroshot = zeroshot_suite.run_tasks(
       zero, init_from=init_from, source=source, out=out, fast=fast, random_init=random_init, data=data, log=log,
-      identity=kept_result.zeroshot_identity(init_from, random_init, pll), pairs=zeroshot_pairs,
+      identity=kept_result.zeroshot_identity(init_from, random_init, pll, zeroshot_dtype), pairs=zeroshot_pairs,
       blimp_pairs=blimp_pairs, columns=pair_columns, variant=pll, skip_without_head=not tasks,
-      clams_languages=clams_languages) if zero else {}
+      clams_languages=clams_languages, dtype=zeroshot_dtype) if zero else {}
   results = {}
   for t in chosen:
     results[t.name] = [run_one(t, s, init_from=source, out=out, mode=mode, data=data, random_init=random_init,

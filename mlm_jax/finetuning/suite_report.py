@@ -66,6 +66,10 @@ def _pll(z: dict) -> str:
   return z.get("pll", "token")   # kept before --pll existed: token
 
 
+def _dtype(z: dict) -> str:
+  return f" in {z['dtype']}" if "dtype" in z else ""   # the compute dtype that scored (kept before: not recorded)
+
+
 def main_table(summary: dict) -> list[str]:
   lines = [f"{'task':<15}{'metric':<10}{'score (mean ± std)':>20}{'seeds':>7}{'time':>10}"]
   for name, row in summary["tasks"].items():
@@ -78,7 +82,7 @@ def main_table(summary: dict) -> list[str]:
   zeroshot = summary.get("zeroshot") or {}
   for name, z in zeroshot.items():
     lines.append(f"{name:<15}{'acc':<10}{_cell(100 * z['overall']):>20}{'-':>7}{_time(z['seconds']):>10}"
-                 f"  (zero-shot, {z['pairs']} pairs, {_pll(z)} PLL{_too_long(z)})")
+                 f"  (zero-shot, {z['pairs']} pairs, {_pll(z)} PLL{_dtype(z)}{_too_long(z)})")
   if zeroshot:
     lines.append(f"{'average (zero-shot)':<25}{_cell(summary['zeroshot_average']):>20}   ({len(zeroshot)} tasks)")
   return lines
@@ -104,7 +108,7 @@ GROUP_COLUMNS = 10   # groups (languages, files) side by side; more continue in 
 def pairs_table(name: str, z: dict) -> list[str]:
   """A zero-shot task other than BLiMP: per phenomenon (rows) and language or file (columns) with each one's
   mean (over its phenomena); without groups, per phenomenon; then the overall accuracy."""
-  what = f"zero-shot {name} ({_pll(z)} pseudo-log-likelihood, a tie is wrong; {z['pairs']} pairs"
+  what = f"zero-shot {name} ({_pll(z)} pseudo-log-likelihood{_dtype(z)}, a tie is wrong; {z['pairs']} pairs"
   groups = z.get("groups")
   if not groups:
     terms = {t: a for t, a in z["phenomena"].items() if t}
@@ -155,7 +159,8 @@ def format_table(summary: dict) -> str:
   bl = blimp_table(summary)
   if bl:
     pairs = summary["zeroshot"]["blimp"]["pairs"]
-    lines += ["", f"zero-shot BLiMP ({_pll(summary['zeroshot']['blimp'])} pseudo-log-likelihood, a tie is wrong; "
+    blimp = summary["zeroshot"]["blimp"]
+    lines += ["", f"zero-shot BLiMP ({_pll(blimp)} pseudo-log-likelihood{_dtype(blimp)}, a tie is wrong; "
                   f"{pairs} pairs; the paper's rows: all 67,000 pairs)"] + bl
   for name, z in (summary.get("zeroshot") or {}).items():
     if name != "blimp":

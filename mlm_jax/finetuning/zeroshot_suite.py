@@ -22,14 +22,15 @@ RESULT_FILE = "result.json"
 GROUP_LABEL = dict(clams="language", pairs="file")   # what a set's group is, in the table
 
 
-def load_masked_lm(init_from: str, source: str, random_init: bool):
+def load_masked_lm(init_from: str, source: str, random_init: bool, dtype: str = ""):
   """(MaskedLM, what it is): a transformers folder is read directly (so a folder without an MLM head is an
-  error, not a fresh head's score), anything else as the workdir `source`; random_init: fresh weights."""
+  error, not a fresh head's score), anything else as the workdir `source`; random_init: fresh weights;
+  `dtype`: the compute dtype instead of the model's own."""
   from mlm_jax.evaluation import fill_mask
   from mlm_jax.model.encoder import Encoder
   with open(os.path.join(init_from, "config.json"), encoding="utf-8") as f:
     is_hf = "model_type" in json.load(f)
-  lm = fill_mask.from_hf_dir(init_from) if is_hf else fill_mask.from_workdir(source)
+  lm = fill_mask.from_hf_dir(init_from, dtype=dtype) if is_hf else fill_mask.from_workdir(source, dtype=dtype)
   if random_init:
     lm.model = Encoder(lm.model_config, seed=0)
     lm.source += " (random init)"
@@ -80,11 +81,12 @@ def _kept(path: str, depends: dict, name: str, log) -> dict | None:
 
 def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool, random_init: bool, data: str,
               log, identity: dict, pairs: int = 0, blimp_pairs: int = 0, columns: dict | None = None,
-              variant: str = "token", skip_without_head: bool = False, clams_languages=()) -> dict:
+              variant: str = "token", skip_without_head: bool = False, clams_languages=(), dtype: str = "") -> dict:
   """{task name: summary (evaluation/zeroshot.py) plus seconds, published rows, source}, each computed once and
   kept in OUT/TASK; `pairs` a set (0: FAST_PAIRS with `fast`, else all; BLiMP: `blimp_pairs` if given). A kept
   result is read back only when computed from the same model (`identity`: kept_result.zeroshot_identity, the
-  PLL variant included) on the same pairs. `skip_without_head`: a model without an MLM head skips the tasks
+  PLL variant and a chosen `dtype` included) on the same pairs; `dtype`: the compute dtype that scores (default:
+  the model's). `skip_without_head`: a model without an MLM head skips the tasks
   with one line (the default task list) instead of failing."""
   from mlm_jax.evaluation import zeroshot
   from mlm_jax.finetuning.kept_result import digest
@@ -107,7 +109,7 @@ def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool,
       continue
     if scorer is None:
       try:
-        lm = load_masked_lm(init_from, source, random_init)
+        lm = load_masked_lm(init_from, source, random_init, dtype)
         scorer, params = scorer_for(lm, variant)
       except NoMaskedLM as e:
         if skip_without_head:
@@ -116,9 +118,11 @@ def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool,
         raise type(e)(f"{task.name}: {e}") from None
       except UserError as e:
         raise type(e)(f"{task.name}: {e}") from None
-    log(f"[downstream] {task.name}: started ({total} pairs, {len(sets)} sets, {variant} PLL)")
+    log(f"[downstream] {task.name}: started ({total} pairs, {len(sets)} sets, {variant} PLL in "
+        f"{lm.model_config.dtype})")
     result = zeroshot.score_pairs(scorer, params, sets)
-    result.update(source=lm.source, depends_on=depends, group=GROUP_LABEL.get(task.kind, ""))
+    result.update(source=lm.source, depends_on=depends, group=GROUP_LABEL.get(task.kind, ""),
+                  dtype=lm.model_config.dtype)
     if task.kind == "blimp":
       result["published"] = blimp.published(blimp.folder(data))
     os.makedirs(os.path.dirname(done), exist_ok=True)
