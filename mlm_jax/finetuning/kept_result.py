@@ -29,7 +29,10 @@ def zeroshot_identity(init_from: str, random_init: bool, pll: str, dtype: str = 
   """What a zero-shot score depends on besides its pairs: the model (`init_identity`), the PLL variant
   that scored it (evaluation/pll.py VARIANTS) and a compute dtype chosen over the model's, so scores of
   different variants or dtypes are never mixed."""
-  return dict(init_identity(init_from, random_init), pll=pll, **(dict(dtype=dtype) if dtype else {}))
+  identity = dict(init_identity(init_from, random_init), pll=pll)
+  if dtype:   # only when chosen: results kept without it were computed in the model's own dtype
+    identity["dtype"] = dtype
+  return identity
 
 
 def differs(saved: dict, now: dict) -> str:
