@@ -48,7 +48,7 @@ LayerNorms in attention and FFN, GEGLU at equal parameters: FFN 512) with ELC-BE
 variant keeps the compute of the 15% run: its steps are the budget over its model FLOPs per token.
 `:gptbert,lamb,zloss,bf16` (seed 0, 2026-12-04, idle VM): 5281 steps in 24 min, BLiMP --fast 55.1%; the objective
 alone, `:gptbert,bf16` (seeds 0 / 1 / 2, 2026-12-05): 55.2 / 54.6 / 54.5% (mean 54.8 against 55.0);
-`:zloss,bf16` (seed 0, 2026-12-05): 55.4%, held-out 3.51.
+`:zloss,bf16` (seeds 0 / 1 / 2, 2026-12-05): 55.4 / 54.1 / 55.1% (mean 54.9 against 55.0), held-out 3.51 / 3.62 / 3.44.
 `:ltg,bf16` (seeds 0 / 1 / 2, 2026-12-05): 6000 steps, BLiMP --fast 54.2 / 54.4 / 54.2% (mean 54.3 against 55.0).
 `:lamb,bf16` (seeds 0 / 1 / 2, 2026-12-05): 6000 steps, held-out 3.33 / 3.49 / 3.35, BLiMP --fast 56.2 / 56.0 / 55.0%
 (mean 55.7 against AdamW's 55.0, ahead on every seed). At the hour it does not pay: `:bf16,hour,mask30,lamb`
