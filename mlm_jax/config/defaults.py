@@ -23,7 +23,8 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t.eval_batches = 20            # pretraining: held-out global batches per evaluation
   t.eval_at_start = False        # also evaluate (and probe) the untrained model before the first step
   # Pretraining with 2+ sources in the eval split (data.eval_sources, else data.sources with eval_percent, or a
-  # token store's sources): also eval_batches of each source alone, logged as eval_loss/NAME, eval_accuracy/NAME.
+  # token store's sources): eval_batches of each source alone, logged as eval_loss/NAME, eval_accuracy/NAME, and
+  # the totals pooled over them (False: eval_batches of the whole split, whose first batches are the first source's).
   t.eval_per_source = True
   # Pretraining: linear probes of the frozen encoder every probe_every steps (0 = off; mlm_jax/evaluation/probe.py),
   # on samples of these downstream suite tasks (sentence or token classification; ../shared/data), and

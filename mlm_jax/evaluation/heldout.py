@@ -46,9 +46,11 @@ def by_source(config, make: Callable) -> dict:
 
 
 class HeldOut:
-  """The training loop's evaluator: `train.eval_batches` global batches of the eval split, and as many of
-  each source's own eval split in `by_source` ({name: pipeline}, data/inputs.py eval_parts), logged as
-  `eval_<rate>/<name>` beside the totals (a source without held-out rows logs none).
+  """The training loop's evaluator: `train.eval_batches` global batches of the eval split, or, with
+  `by_source` ({name: pipeline}, data/inputs.py eval_parts), as many of each source's own eval split, logged
+  as `eval_<rate>/<name>` (a source without held-out rows logs none), and the totals pooled over them. The
+  eval split reads its sources one after another, so its first batches are all the first source's: without
+  the pooling a multilingual run's totals would be its first language's.
 
   Every process runs exactly that many steps (collectives must line up); a process whose eval shard
   runs out feeds all-padding rows, which carry no predictions. The pipelines are built before training,
@@ -69,19 +71,26 @@ class HeldOut:
     for _ in range(config.train.eval_batches):
       yield sharding.global_batch(next(pipeline, filler), self.trainer.batch_sharding)
 
-  def _rates(self, params, pipeline) -> dict:
+  def _summed(self, params, pipeline) -> dict:
     try:
-      objective = self.trainer.objective
-      return rates(objective, summed(objective, self.trainer.eval_step, params, self._batches(pipeline), self.key,
-                                       self.trainer.values))
+      return summed(self.trainer.objective, self.trainer.eval_step, params, self._batches(pipeline), self.key,
+                    self.trainer.values)
     finally:
       pipeline.rewind()   # drops its reader, which would otherwise keep prefetching through training
 
   def __call__(self, params, step: int) -> dict:
-    out = self._rates(params, self.pipeline)
+    objective = self.trainer.objective
+    if not self.by_source:
+      return rates(objective, self._summed(params, self.pipeline))
+    out, pooled = {}, None
     for name, pipeline in self.by_source.items():
       try:
-        out.update({f"{k}/{name}": v for k, v in self._rates(params, pipeline).items()})
-      except DataError:   # no held-out rows of this source: the totals say what there is
+        sums = self._summed(params, pipeline)
+      except DataError:   # no held-out rows of this source: the others say what there is
         continue
-    return out
+      out.update({f"{k}/{name}": v for k, v in rates(objective, sums).items()})
+      pooled = sums if pooled is None else jax.tree.map(np.add, pooled, sums)
+    if pooled is None:
+      raise DataError("no source of the eval split has held-out rows "
+                      "(check data.eval_sources / data.eval_percent)")
+    return {**rates(objective, pooled), **out}
