@@ -341,8 +341,9 @@ def test_the_cpu_recipes_variants_get_equal_compute():
 
 def test_the_multilingual_recipes_languages_and_variants(shared_data):
   """configs/xlmr_cpu_hour.py: the word counts it samples languages by are those of its sources' files;
-  :alpha=A draws p_i ∝ n_i^A; :mono=LANG trains for the steps that language gets in the multilingual run of
-  the same length (its monolingual baseline at equal tokens); a wrong variant is one line naming it."""
+  :alpha=A draws p_i ∝ n_i^A; :hour fills the hour (its steps, its warmup); :mono=LANG trains for the steps
+  that language gets in the multilingual run of the same length (its monolingual baseline at equal tokens);
+  a wrong variant is one line naming it."""
   import gzip
   import importlib.util
   from mlm_jax.data import specs
@@ -363,13 +364,15 @@ def test_the_multilingual_recipes_languages_and_variants(shared_data):
   assert c.data.mix_alpha == 0.7 and c.data.source_sizes == tuple(f"{k}={v}" for k, v in n.items())
   shares = recipe.language_shares(0.7)
   assert shares["ru"] == pytest.approx(n["ru"] ** 0.7 / sum(v ** 0.7 for v in n.values()))
-  for variant, steps in (("", recipe.STEPS), ("short,alpha=1", recipe.STEPS // 4)):
+  for variant, steps in (("", recipe.STEPS), ("short,alpha=1", recipe.STEPS // 4), ("hour", recipe.HOUR_STEPS)):
     alpha = 1.0 if "alpha" in variant else recipe.ALPHA
     mono = [recipe.get_config(",".join(filter(None, (variant, f"mono={lang}")))) for lang in n]
     assert [m.data.sources for m in mono] == [(f"{lang}={recipe.LANGUAGES[lang][0]}",) for lang in n]
     assert [m.train.steps for m in mono] == [round(steps * recipe.language_shares(alpha)[lang]) for lang in n]
     assert abs(sum(m.train.steps for m in mono) - steps) <= 2
   assert recipe.get_config("f32").model.dtype == "float32" and recipe.get_config("").model.dtype == "bfloat16"
-  for bad in ("shortt", "mono=xx", "alpha=", "alpha=x"):
+  hour = recipe.get_config("hour")
+  assert (hour.train.steps, hour.optimizer.warmup_steps) == (recipe.HOUR_STEPS, recipe.HOUR_STEPS // 20)
+  for bad in ("shortt", "mono=xx", "alpha=", "alpha=x", "short,hour"):
     with pytest.raises(ValueError, match=r"^configs/xlmr_cpu_hour.py:"):
       recipe.get_config(bad)
