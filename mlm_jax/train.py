@@ -41,7 +41,8 @@ def host_input(run: resolve.Resolved, split: str, workdir: str, config=None, row
 def held_out(run: resolve.Resolved, trainer, workdir: str, config=None) -> heldout.HeldOut:
   """The held-out evaluator of the eval split and, with train.eval_per_source, of each of its sources alone."""
   make = lambda c: host_input(run, "eval", workdir, c)
-  return heldout.HeldOut(trainer, run.tokenizer, make(config), heldout.by_source(config or run.config, make))
+  parts = heldout.by_source(config or run.config, make)   # with them the whole split is never read: not built
+  return heldout.HeldOut(trainer, run.tokenizer, None if parts else make(config), parts)
 
 
 def _phased_loop(run: resolve.Resolved, workdir: str) -> loop.Loop:

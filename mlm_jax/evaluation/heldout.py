@@ -50,7 +50,8 @@ class HeldOut:
   `by_source` ({name: pipeline}, data/inputs.py eval_parts), as many of each source's own eval split, logged
   as `eval_<rate>/<name>` (a source without held-out rows logs none), and the totals pooled over them. The
   eval split reads its sources one after another, so its first batches are all the first source's: without
-  the pooling a multilingual run's totals would be its first language's.
+  the pooling a multilingual run's totals would be its first language's, and the whole split is not read
+  (`pipeline` may be None then).
 
   Every process runs exactly that many steps (collectives must line up); a process whose eval shard
   runs out feeds all-padding rows, which carry no predictions. The pipelines are built before training,
