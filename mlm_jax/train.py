@@ -95,8 +95,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None or not _WORKDIR.value:
     raise app.UsageError("--config and --workdir are required")
-  runtime.start(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-                process_id=_PROCESS_ID.value, heartbeat_timeout_s=_HEARTBEAT.value)
+  runtime.start(cpu_devices=_CONFIG.value.get("cpu_devices", 0), coordinator_address=_COORDINATOR.value,
+                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value, heartbeat_timeout_s=_HEARTBEAT.value)
   train_and_evaluate(_CONFIG.value, _WORKDIR.value, config_flags.get_override_values(flags.FLAGS["config"]))
 
 

@@ -10,10 +10,12 @@ from subproc import REPO, cpu_env
 
 def test_train_benchmark_prints_its_json_line():
   """--repeat=3: three fresh processes, each run's figures and the medians and spreads of them; FLOPs
-  and MFU against the architecture's count written out here (PaLM's 6 per matmul parameter per token)."""
+  and MFU against the architecture's count written out here (PaLM's 6 per matmul parameter per token).
+  --devices=2 without XLA_FLAGS: each process's CPU split into two devices (config.cpu_devices), the
+  batch sharded over them, MFU against the one CPU's peak."""
   out = subprocess.run(
       [sys.executable, "tools/benchmark.py", "train", "--model=mini", "--seq_len=32", "--batch=4",
-       "--steps=3", "--vocab=1000", "--peak_gflops=100", "--repeat", "3"],
+       "--steps=3", "--vocab=1000", "--peak_gflops=100", "--repeat", "3", "--devices=2"],
       cwd=REPO, env=cpu_env(1), capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]
   r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -21,7 +23,7 @@ def test_train_benchmark_prints_its_json_line():
             "achieved_tflops", "peak_tflops", "mfu", "page_faults_per_step", "step_peak_rss_mb",
             "compile_peak_rss_mb", "peak_rss_mb_spread", "tokens_per_sec_spread"):
     assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])
-  assert r["tokens_per_sec"] > 0 and r["allocator"] == "mimalloc"
+  assert r["tokens_per_sec"] > 0 and r["allocator"] == "mimalloc" and r["devices"] == 2
   assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in r["xla_flags"]   # runtime.CPU_XLA_FLAGS
   runs = r["runs"]
   assert r["repeat"] == len(runs) == 3

@@ -45,7 +45,9 @@ def _parse(argv) -> argparse.Namespace:
   p.add_argument("--dtype", default=None, help="compute dtype (float32 | bfloat16); default float32")
   p.add_argument("--dropout", type=float, default=None, help="default 0.1")
   p.add_argument("--mask_mode", default="token")
-  p.add_argument("--devices", type=int, default=1, help="devices in the data axis (default 1)")
+  p.add_argument("--devices", type=int, default=None,
+                 help="devices in the data axis (default 1, or a --config's cpu_devices); on the CPU, the process's "
+                      "CPU split into that many devices (config.cpu_devices)")
   p.add_argument("--peak_gflops", type=float, default=0.0, help="skip measuring the matmul peak")
   p.add_argument("--attention_impl", default="auto", help="auto | xla | splash | cudnn (model.attention_impl)")
   p.add_argument("--matmul", default=None,
@@ -142,6 +144,8 @@ def train_main(argv):
   from mlm_jax.model import flops, sharding
   from mlm_jax.objectives import masking
 
+  if os.environ.get("JAX_PLATFORMS") == "cpu" and args.devices > 1:
+    runtime.use_cpu_devices(args.devices)   # as the training binary does with config.cpu_devices
   allocator = runtime.memory_policy()   # as the training binary does on CPU
   devices = jax.devices()[:args.devices]
   run, impl_reason = benchmark_setup.resolved_run(args, devices[0].platform)

@@ -20,10 +20,11 @@ def with_config(args, overrides: dict | None = None):
 
 
 # Flags a --config file supplies when they are not given, and where in the config they are.
-_SIZE_DEFAULTS = dict(seq_len=128, batch=32, vocab=32000, dtype="float32", dropout=0.1)
+_SIZE_DEFAULTS = dict(seq_len=128, batch=32, vocab=32000, dtype="float32", dropout=0.1, devices=1)
 _CONFIG_VALUES = dict(seq_len=lambda c: c.data.seq_len, batch=lambda c: c.train.batch_size,
                       vocab=lambda c: c.model.vocab_size if c.model.vocab_size > 0 else c.tokenizer.vocab_size,
-                      dtype=lambda c: c.model.dtype, dropout=lambda c: c.model.hidden_dropout)
+                      dtype=lambda c: c.model.dtype, dropout=lambda c: c.model.hidden_dropout,
+                      devices=lambda c: c.get("cpu_devices", 0) or 1)
 
 
 def _load_config(spec: str):

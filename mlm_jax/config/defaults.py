@@ -310,6 +310,11 @@ def default_config() -> ml_collections.ConfigDict:
   # spans (the DCN part; the rest of the axis stays inside a slice's ICI); their product is the number
   # of slices, -1 = the slices left. The default puts data parallelism across slices.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=-1, dcn_fsdp=1, dcn_tensor=1))
+  # CPU only: the training binary splits this process's CPU into this many JAX devices (jax_num_cpu_devices)
+  # and shards the batch over them; 0 = JAX's default (one device, or XLA_FLAGS' host device count). XLA:CPU
+  # runs a small model's many small operations on one device at a time; on a 2-core machine two devices run
+  # them side by side (1.17x for configs/en_cpu_hour.py, docs/performance.md#cpu-devices).
+  c.cpu_devices = 0
   s = c.sharding = ml_collections.ConfigDict()
   # logical axis -> mesh axis (or tuple of axes, or None = replicated). MaxText-style rules.
   s.rules = (

@@ -102,5 +102,7 @@ def peak_flops(config: ml_collections.ConfigDict) -> float:
   per = config.train.peak_tflops_per_device * 1e12
   if not per:
     spec = accelerator_spec(jax.devices()[0].device_kind)
-    per = spec[1] if spec else measure_matmul_peak(n=1024, repeats=3, dtype=config.model.dtype)
+    if not spec:   # a CPU: the measured peak is its process's, whose devices (config.cpu_devices) share its threads
+      return measure_matmul_peak(n=1024, repeats=3, dtype=config.model.dtype) * jax.process_count()
+    per = spec[1]
   return per * jax.device_count()

@@ -9,6 +9,6 @@ from mlm_jax.runtime.distributed import first_process_then_all, peer_lost, sync_
 from mlm_jax.runtime.environment import CPU_XLA_FLAGS, accelerator_present, configure, quiet
 from mlm_jax.runtime.log_setup import add_verbosity_flag, setup_tool_logging
 from mlm_jax.runtime.one_line_errors import report_user_error, run
-from mlm_jax.runtime.startup import PROGRAMS, bootstrap, start
+from mlm_jax.runtime.startup import PROGRAMS, bootstrap, start, use_cpu_devices
 from mlm_jax.runtime.teardown import exit_now
 from mlm_jax.runtime.tensorflow_import import stderr_to, tensorflow

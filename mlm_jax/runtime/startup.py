@@ -46,8 +46,24 @@ def bootstrap() -> None:
     allocator.choose_allocator()
 
 
-def start(**distributed_args) -> None:
-  """What a training binary does first inside main: distributed init, memory policy, logging."""
+def use_cpu_devices(n: int) -> None:
+  """`config.cpu_devices`: this process's CPU as `n` JAX devices (jax_num_cpu_devices); 0 leaves JAX's
+  default (one device, or XLA_FLAGS' host device count). Must come before the backend starts."""
+  from mlm_jax.errors import ConfigError
+  if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    raise ConfigError(f"config.cpu_devices={n!r}: expected 0 (JAX's default) or the number of CPU devices")
+  if n:
+    import jax
+    try:
+      jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:   # jax refuses once its backend has started
+      raise ConfigError(f"config.cpu_devices={n}: JAX's backend has started already with {jax.device_count()} "
+                        "device(s); the training binary sets it before anything runs on a device") from None
+
+
+def start(cpu_devices: int = 0, **distributed_args) -> None:
+  """What a training binary does first inside main: its CPU devices, distributed init, memory policy, logging."""
+  use_cpu_devices(cpu_devices)
   distributed.initialize_distributed(**distributed_args)
   allocator.memory_policy()   # before setup_logging: that starts the backend
   log_setup.setup_logging()
