@@ -32,9 +32,9 @@ below it (the aim is the mean of 3 seeds). `:hour` in float32 (without `:bf16`) 
 `:bf16,hour,mask30` (14472 steps, the same FLOPs), seeds 0 / 1 / 2: BLiMP --fast 59.7 / 60.0 / 58.6%, all pairs
 60.8 / 60.5 / 59.8% (mean 60.4, +0.7 over 15%'s two seeds; 0.83 below the 5-gram row); 1h17m (seed 0) and 1h10m
 (seed 2, idle, the faster matmul plan) on a slower 2-core VM (Intel Xeon, 13.6k / 15.1k tokens/s).
-The CPU runs as two JAX devices (`cpu_devices = 2`, since 2026-12-05): 1.17x tokens/s on that VM (benchmark median,
-docs/performance.md#cpu-devices); seed 3 so: 1h11m on a slower day there (15.0k tokens/s median, MFU 13.6% of its
-bfloat16 peak), all pairs 61.19%, 0.01 below the 5-gram row; the four seeds' mean 60.6%, 0.6 below it.
+The CPU runs as two JAX devices (`cpu_devices = 2`, since 2026-12-05): 1.06-1.21x tokens/s on that VM (ten
+benchmark rounds, docs/performance.md#cpu-devices); seed 3 so: 1h11m on a slower day there (15.0k tokens/s median,
+MFU 13.6% of its bfloat16 peak), all pairs 61.19%, 0.01 below the 5-gram row; the four seeds' mean 60.6%, 0.6 below.
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
@@ -104,7 +104,7 @@ def get_config(variant=""):
   c.data.eval_percent = 2.0
   c.data.seq_len = 128
   c.data.shuffle_buffer = 10000
-  c.cpu_devices = 2   # the CPU as two JAX devices: 1.17x tokens/s on a 2-core VM (docs/performance.md#cpu-devices)
+  c.cpu_devices = 2   # the CPU as two JAX devices: ~1.1x tokens/s on a 2-core VM (docs/performance.md#cpu-devices)
   c.model.update(dict(vocab_size=0, hidden_size=192, num_layers=4, num_heads=3, intermediate_size=768,
                       max_position_embeddings=130, type_vocab_size=1, position_offset=2, layer_norm_eps=1e-5,
                       hidden_dropout=0.0, attention_dropout=0.0))
