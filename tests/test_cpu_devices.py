@@ -34,6 +34,30 @@ def test_two_cpu_devices_shard_the_batch_and_train_the_same_steps(tmp_path):
   assert evals[1] == pytest.approx(evals[0], rel=1e-4), evals
 
 
+_FLAGS = """
+import os
+from mlm_jax import runtime
+runtime.use_cpu_devices({n})
+import jax
+print(jax.device_count(), os.environ["XLA_FLAGS"])
+"""
+
+
+@pytest.mark.parametrize("n,user_flags,want", [
+    (2, "", "concurrency_optimized_scheduler=true"),
+    (1, "", "concurrency_optimized_scheduler=false"),
+    (2, "--xla_cpu_enable_concurrency_optimized_scheduler=false", "concurrency_optimized_scheduler=false")])
+def test_several_cpu_devices_get_xlas_concurrency_schedule_unless_xla_flags_name_it(n, user_flags, want):
+  env = cpu_env()
+  if user_flags:
+    env["XLA_FLAGS"] = user_flags
+  p = subprocess.run([sys.executable, "-c", _FLAGS.format(n=n)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True, timeout=300)
+  assert p.returncode == 0, p.stdout[-2000:]
+  count, flags = p.stdout.strip().splitlines()[-1].split(" ", 1)
+  assert int(count) == n and want in flags and flags.count("concurrency_optimized_scheduler") == 1, p.stdout
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, True])
 def test_a_bad_cpu_devices_value_is_one_line(value):
   with pytest.raises(ConfigError, match=r"config\.cpu_devices=.*expected 0 \(JAX's default\)"):

@@ -8,7 +8,7 @@ import os
 import sys
 
 from mlm_jax.runtime import allocator, distributed, log_setup
-from mlm_jax.runtime.environment import configure
+from mlm_jax.runtime.environment import configure, schedule_for_concurrency
 
 # The binaries, by module and by console script (setup.py): started as one of them, the process
 # chooses its allocator when the package is imported, before jax and TensorFlow are.
@@ -47,7 +47,8 @@ def bootstrap() -> None:
 
 
 def use_cpu_devices(n: int) -> None:
-  """`config.cpu_devices`: this process's CPU as `n` JAX devices (jax_num_cpu_devices); 0 leaves JAX's
+  """`config.cpu_devices`: this process's CPU as `n` JAX devices (jax_num_cpu_devices), and for more than
+  one XLA's concurrency-optimized schedule (`environment.schedule_for_concurrency`); 0 leaves JAX's
   default (one device, or XLA_FLAGS' host device count). Must come before the backend starts."""
   from mlm_jax.errors import ConfigError
   if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -59,6 +60,8 @@ def use_cpu_devices(n: int) -> None:
     except RuntimeError:   # jax refuses once its backend has started
       raise ConfigError(f"config.cpu_devices={n}: JAX's backend has started already with {jax.device_count()} "
                         "device(s); the training binary sets it before anything runs on a device") from None
+    if n > 1:
+      schedule_for_concurrency()
 
 
 def start(cpu_devices: int = 0, **distributed_args) -> None:
