@@ -313,7 +313,9 @@ def default_config() -> ml_collections.ConfigDict:
   # CPU only: the training binary splits this process's CPU into this many JAX devices (jax_num_cpu_devices)
   # and shards the batch over them; 0 = JAX's default (one device, or XLA_FLAGS' host device count). XLA:CPU
   # runs a small model's many small operations on one device at a time; on a 2-core machine two devices run
-  # them side by side (~1.1x for configs/en_cpu_hour.py, docs/performance.md#cpu-devices).
+  # them side by side (~1.1x for configs/en_cpu_hour.py, and ~1.05x more from XLA's concurrency-optimized
+  # schedule, which more than one device turns on), but each holds a copy of the state: small models only
+  # (docs/performance.md#cpu-devices).
   c.cpu_devices = 0
   s = c.sharding = ml_collections.ConfigDict()
   # logical axis -> mesh axis (or tuple of axes, or None = replicated). MaxText-style rules.
