@@ -1,4 +1,5 @@
 """config.cpu_devices: the training binary splits its CPU into that many JAX devices and trains the same steps."""
+import json
 import re
 import subprocess
 import sys
@@ -26,6 +27,8 @@ def test_two_cpu_devices_shard_the_batch_and_train_the_same_steps(tmp_path):
   two = _demo(tmp_path / "two", "--config.cpu_devices=2", f"--config.data.tokenizer={tmp_path}/one/tokenizer/spm.model")
   meshes = [re.search(r"mesh \{'data': (\d+)", log).group(1) for log in (one, two)]
   assert meshes == ["1", "2"], meshes
+  # the binary re-executes itself under mimalloc; its schedule is still the one for several devices
+  assert "CPU: 2 JAX devices, XLA's concurrency-optimized schedule" in two, two[:3000]
   losses = [[float(x) for x in re.findall(r"step \d+/3  loss ([0-9.]+)", log)] for log in (one, two)]
   assert len(losses[0]) == 3 and len(losses[1]) == 3, losses
   # one device or two: the same masks and batches (a function of the example's index), the sums in another order
@@ -43,14 +46,23 @@ print(jax.device_count(), os.environ["XLA_FLAGS"])
 """
 
 
-@pytest.mark.parametrize("n,user_flags,want", [
-    (2, "", "concurrency_optimized_scheduler=true"),
-    (1, "", "concurrency_optimized_scheduler=false"),
-    (2, "--xla_cpu_enable_concurrency_optimized_scheduler=false", "concurrency_optimized_scheduler=false")])
-def test_several_cpu_devices_get_xlas_concurrency_schedule_unless_xla_flags_name_it(n, user_flags, want):
+_TRUE = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+
+
+@pytest.mark.parametrize("n,user_flags,ours,want", [
+    (2, "", False, "concurrency_optimized_scheduler=true"),
+    (1, "", False, "concurrency_optimized_scheduler=false"),
+    (2, "--xla_cpu_enable_concurrency_optimized_scheduler=false", False, "concurrency_optimized_scheduler=false"),
+    (1, _TRUE, False, "concurrency_optimized_scheduler=true"),
+    # started by a process of ours that ran two devices: our flag is made afresh for this one
+    (1, _TRUE, True, "concurrency_optimized_scheduler=false")])
+def test_several_cpu_devices_get_xlas_concurrency_schedule_unless_xla_flags_name_it(n, user_flags, ours, want):
   env = cpu_env()
+  env.pop(runtime.environment.ADDED_ENV, None)
   if user_flags:
     env["XLA_FLAGS"] = user_flags
+  if ours:
+    env[runtime.environment.ADDED_ENV] = json.dumps({"xla_flags": user_flags, "added": [user_flags]})
   p = subprocess.run([sys.executable, "-c", _FLAGS.format(n=n)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                      stderr=subprocess.STDOUT, text=True, timeout=300)
   assert p.returncode == 0, p.stdout[-2000:]

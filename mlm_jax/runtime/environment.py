@@ -3,6 +3,7 @@ levels and XLA:CPU's flags, from absl's --verbosity read early from argv (docs/d
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 
@@ -14,7 +15,24 @@ _VERBOSITY: list[int] = []
 # CPU compiler reads it.
 _SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler"
 CPU_XLA_FLAGS = (f"{_SCHEDULER}=false",)
-_ADDED: list[str] = []   # the flags configure() added to XLA_FLAGS (the user's XLA_FLAGS did not name them)
+# The flags configure() added to XLA_FLAGS (the user's did not name them) and the XLA_FLAGS it wrote, in the
+# environment: a process re-executed under another allocator (allocator.py) or started by one of ours still
+# tells our flags from the user's, and a user's XLA_FLAGS set after ours is the user's again.
+ADDED_ENV = "MLM_JAX_XLA_FLAGS_ADDED"
+
+
+def _ours() -> list[str]:
+  """The flags of XLA_FLAGS that this package added, where XLA_FLAGS is still the value it wrote."""
+  try:
+    record = json.loads(os.environ.get(ADDED_ENV) or "{}")
+  except ValueError:
+    return []
+  return list(record.get("added", [])) if record.get("xla_flags") == os.environ.get("XLA_FLAGS", "") else []
+
+
+def _set_xla_flags(xla_flags: str, added: list[str]) -> None:
+  os.environ["XLA_FLAGS"] = xla_flags
+  os.environ[ADDED_ENV] = json.dumps({"xla_flags": xla_flags, "added": added})
 
 
 def verbosity(argv: list[str] | None = None) -> int:
@@ -45,12 +63,14 @@ def configure(argv: list[str] | None = None) -> int:
     return _VERBOSITY[0]
   v = verbosity(argv)
   _VERBOSITY.append(v)
-  xla_flags = os.environ.get("XLA_FLAGS", "")
+  ours = _ours()   # a parent's additions (or this program's, before a re-exec) are made afresh
+  xla_flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in ours)
+  added = []
   for flag in CPU_XLA_FLAGS:
     if flag.split("=")[0] not in xla_flags:
       xla_flags = f"{xla_flags} {flag}".strip()
-      _ADDED.append(flag)
-  os.environ["XLA_FLAGS"] = xla_flags
+      added.append(flag)
+  _set_xla_flags(xla_flags, added)
   if v >= 1:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
     return v
@@ -66,11 +86,11 @@ def schedule_for_concurrency() -> bool:
   each device's step holds part of the batch, so the order's extra temporaries are small, and it ran the
   recipe's step 1.02-1.09x faster with two devices at the same peak RSS (docs/performance.md#cpu-devices).
   Leaves a flag the user's XLA_FLAGS named; call before the backend starts. Returns whether it changed it."""
-  flag = f"{_SCHEDULER}=false"
-  if flag not in _ADDED:
+  old, new = f"{_SCHEDULER}=false", f"{_SCHEDULER}=true"
+  added = _ours()
+  if old not in added:
     return False
-  os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(flag, f"{_SCHEDULER}=true")
-  _ADDED[_ADDED.index(flag)] = f"{_SCHEDULER}=true"
+  _set_xla_flags(os.environ["XLA_FLAGS"].replace(old, new), [new if f == old else f for f in added])
   return True
 
 

@@ -61,7 +61,10 @@ def use_cpu_devices(n: int) -> None:
       raise ConfigError(f"config.cpu_devices={n}: JAX's backend has started already with {jax.device_count()} "
                         "device(s); the training binary sets it before anything runs on a device") from None
     if n > 1:
-      schedule_for_concurrency()
+      from absl import logging
+      ours = schedule_for_concurrency()
+      logging.info("CPU: %d JAX devices, %s", n, "XLA's concurrency-optimized schedule" if ours
+                   else f"the schedule XLA_FLAGS names ({os.environ.get('XLA_FLAGS', '')})")
 
 
 def start(cpu_devices: int = 0, **distributed_args) -> None:
