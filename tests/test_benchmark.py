@@ -12,7 +12,7 @@ def test_train_benchmark_prints_its_json_line():
   """--repeat=3: three fresh processes, each run's figures and the medians and spreads of them; FLOPs
   and MFU against the architecture's count written out here (PaLM's 6 per matmul parameter per token).
   --devices=2 without XLA_FLAGS: each process's CPU split into two devices (config.cpu_devices), the
-  batch sharded over them, MFU against the one CPU's peak."""
+  batch sharded over them in XLA's concurrency-optimized schedule, MFU against the one CPU's peak."""
   out = subprocess.run(
       [sys.executable, "tools/benchmark.py", "train", "--model=mini", "--seq_len=32", "--batch=4",
        "--steps=3", "--vocab=1000", "--peak_gflops=100", "--repeat", "3", "--devices=2"],
@@ -24,7 +24,8 @@ def test_train_benchmark_prints_its_json_line():
             "compile_peak_rss_mb", "peak_rss_mb_spread", "tokens_per_sec_spread"):
     assert isinstance(r[k], float) and r[k] >= 0, (k, r[k])
   assert r["tokens_per_sec"] > 0 and r["allocator"] == "mimalloc" and r["devices"] == 2
-  assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in r["xla_flags"]   # runtime.CPU_XLA_FLAGS
+  # runtime.CPU_XLA_FLAGS' memory-first schedule, switched to the concurrency-optimized one for two devices
+  assert "--xla_cpu_enable_concurrency_optimized_scheduler=true" in r["xla_flags"]
   runs = r["runs"]
   assert r["repeat"] == len(runs) == 3
   for run in runs:   # the process's peak is that of compiling or of the steps, measured apart
