@@ -35,7 +35,7 @@ below it (the aim is the mean of 3 seeds). `:hour` in float32 (without `:bf16`) 
 The CPU runs as two JAX devices (`cpu_devices = 2`, since 2026-12-05): 1.06-1.21x tokens/s on that VM (ten
 benchmark rounds, docs/performance.md#cpu-devices); seed 3 so: 1h11m on a slower day there (15.0k tokens/s median,
 MFU 13.6% of its bfloat16 peak), all pairs 61.19%, 0.01 below the 5-gram row; the four seeds' mean 60.6%, 0.6 below.
-Two devices also run XLA's concurrency-optimized schedule (since 2026-12-06): 1.02-1.09x more over eight rounds there;
+Two devices also run XLA's concurrency-optimized schedule (since 2026-12-06): 1.02-1.13x more over ten rounds there;
 in the loop 16.3k tokens/s over the hour's first 300 steps against 15.3k in the memory-first order.
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
