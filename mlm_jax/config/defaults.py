@@ -17,6 +17,13 @@ def loop_defaults() -> ml_collections.ConfigDict:
   # make it: train a stable phase once, then branch decays from its checkpoints (docs/phases.md).
   t.stop_at_step = 0
   t.batch_size = 32              # global, in sequences
+  # > 0: the run's wall time (all its runs as goodput.json counts them: start-up and tokenizer, compiles,
+  # evaluations, probes, saves; not the time between runs) ends within this many minutes. The loop times
+  # budget_calibration_steps steps after the compile, one evaluation and one probe, then fixes train.steps once
+  # (train.steps is then the most it may be) in WORKDIR/time_budget.json: the decay ends at the last step, a
+  # resume trains the same steps. Inside the warmup; pretraining without phases (training/time_budget.py).
+  t.time_budget_minutes = 0.0
+  t.budget_calibration_steps = 100
   # Cadences in steps; 0 = never, except at the last step (a run always logs, evaluates and saves it).
   t.log_every = 50
   t.eval_every = 500

@@ -4,7 +4,8 @@ It owns what every run needs and nothing an objective decides: restore or start,
 with one host sync per `log_every`, evaluation and probes, checkpoints with the input's position,
 and preemption (SIGTERM on any host: every host saves one agreed step and stops;
 training/preemption.py). What each cadence does: docs/design_notes.md#loop.
-It also accounts the run's wall time (goodput, workdir/goodput.py) and traces `train.profile_steps`.
+It also accounts the run's wall time (goodput, workdir/goodput.py), traces `train.profile_steps` and,
+with `train.time_budget_minutes`, fixes the run's steps once from its measured speed (training/time_budget.py).
 What a log line holds and the non-finite policy: training/log_interval.py; train.best_metric's copy of the
 best parameters: training/best_checkpoint.py.
 """
@@ -16,12 +17,13 @@ from typing import Any, Callable, Protocol
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
 from mlm_jax import runtime
 from mlm_jax.errors import PeerLost, UserError
 from mlm_jax.model import sharding
-from mlm_jax.training import preemption, profiling
+from mlm_jax.training import preemption, profiling, time_budget, trainer as trainer_lib
 from mlm_jax.training.best_checkpoint import BestCheckpoint
 from mlm_jax.training.log_interval import LogInterval
 from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput, migrate, restore
@@ -63,6 +65,8 @@ class Loop:
   stopped_at: int = 0                    # after run(): the last step trained (and saved, when preempted)
   _phase: Any = None                     # the current phase's PhaseParts
   _best: Any = None                      # BestCheckpoint, when best_metric is set (made by run())
+  _decide_at: int | None = None          # train.time_budget_minutes: the step that fixes train.steps (run())
+  _saves: int = 0                        # checkpoints this process has written (a save's cost, for the budget)
 
   @property
   def train_config(self) -> ml_collections.ConfigDict:
@@ -96,9 +100,9 @@ class Loop:
     checkpointer = checkpoints.Checkpointer(self.workdir, keep=t.keep_checkpoints)
     self._best = BestCheckpoint(self.workdir, self.best_metric) if self.best_metric else None
     state = self._start(checkpointer)   # a checkpoint of another config fails here, before anything is written
-    base = self.phases.configs[-1] if self.phases is not None else self.trainer.config   # phases: the last one's
-    workdir_files.write_config(self._config_as_run(base), self.workdir, self.user_config)
     start = int(jax.device_get(state.step))
+    self._decide_at = self._time_budget(start)
+    self._write_config()
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = preemption.Preemption(t.sigterm_timeout_s, start, checkpointer.wait)
     logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, self.end_step,
@@ -120,6 +124,77 @@ class Loop:
         self._close(checkpointer, writer, status)
     self.preempted, self.stopped_at = watch.preempted, gp.step
     return last
+
+  def _write_config(self) -> None:
+    base = self.phases.configs[-1] if self.phases is not None else self.trainer.config   # phases: the last one's
+    workdir_files.write_config(self._config_as_run(base), self.workdir, self.user_config)
+
+  def _time_budget(self, start: int) -> int | None:
+    """train.time_budget_minutes: the steps a recorded decision fixed, or the step that will decide them."""
+    t = self.train_config
+    if float(t.get("time_budget_minutes", 0.0) or 0.0) <= 0:
+      return None
+    if self.phases is not None or self.trainer.description is None:
+      raise UserError("train.time_budget_minutes: a budget fixes the steps of a pretraining run without "
+                      "config.phases; give train.steps here instead")
+    record = time_budget.read(self.workdir)
+    if record is not None:
+      self._set_steps(int(record["steps"]))
+      logging.info("time budget: %d steps, fixed at step %d of this run (%s)", self.train_config.steps,
+                   record.get("decided_at_step", 0), time_budget.FILE)
+      return None
+    o = self.trainer.config.optimizer
+    decide_at = start + 1 + time_budget.check(t, o.warmup_steps, o.schedule, start)
+    logging.info("time budget %.1f min: the steps are fixed after timing steps %d..%d", float(t.time_budget_minutes),
+                 start + 2, decide_at)
+    return decide_at
+
+  def _set_steps(self, steps: int) -> None:
+    """The run's trainer for `steps` in all (its schedule decays to the end there); compiled on first use."""
+    config = ml_collections.ConfigDict(self.trainer.config.to_dict())
+    config.train.steps = steps
+    t = self.trainer
+    self.trainer = trainer_lib.make_trainer(ml_collections.FrozenConfigDict(config), t.mesh, t.description)
+
+  def _decide_steps(self, state, step: int, writer: MetricsWriter, calibration: tuple) -> None:
+    """Times one evaluation and probe, then fixes train.steps to the most that fit the budget's rest."""
+    t, gp = self.train_config, self._goodput
+    jax.block_until_ready(state.step)
+    t_from, step_from, aside = calibration
+    costs = {"step": (time.perf_counter() - t_from - (self._aside_seconds() - aside)) / (step - step_from)}
+    for name, every, run_it in (("eval", t.eval_every, self.evaluate and self._eval),
+                                ("probe", t.probe_every, self.probe and self._probe)):
+      if run_it:
+        t0 = time.perf_counter()
+        with gp.phase(name):
+          run_it(state, step, writer)
+        costs[name] = (int(every), time.perf_counter() - t0)
+    costs["save"] = (int(t.save_every), gp.seconds["save"] / self._saves if self._saves else 0.0)
+    budget = 60.0 * float(t.time_budget_minutes)
+    elapsed, compile_s = gp.wall_seconds(), gp.seconds["compile"]   # the new schedule compiles once more
+    o = self.trainer.config.optimizer
+    floor = min(max(step + 1, int(o.warmup_steps) if o.schedule != "constant" else 0), int(t.steps))
+    steps = time_budget.plan(budget * (1 - time_budget.MARGIN) - elapsed - compile_s, step, floor, int(t.steps), costs)
+    if jax.process_count() > 1:   # process 0's clock decides for all (only it has the earlier runs' record)
+      from jax.experimental import multihost_utils
+      steps = int(multihost_utils.broadcast_one_to_all(np.int32(steps)))
+    predicted = elapsed + compile_s + time_budget.seconds_to(steps, step, costs)
+    if jax.process_index() == 0:
+      time_budget.write(self.workdir, dict(
+          steps=steps, decided_at_step=step, budget_minutes=float(t.time_budget_minutes), cap=int(t.steps),
+          elapsed_seconds=elapsed, step_seconds=costs["step"], compile_seconds=compile_s,
+          **{f"{k}_seconds": costs[k][1] for k in ("eval", "probe", "save") if k in costs},
+          predicted_seconds=predicted))
+    self._set_steps(steps)
+    self._write_config()
+    logging.info("time budget %.1f min: %.1f min spent at step %d, %.4f s a step: train.steps = %d (at most %d), "
+                 "%.1f min in all by the plan%s", float(t.time_budget_minutes), elapsed / 60, step, costs["step"],
+                 steps, int(t.steps), predicted / 60,
+                 "" if predicted <= budget else " (over the budget: the steps cannot end before the warmup)")
+
+  def _aside_seconds(self) -> float:
+    """This process's seconds so far in evaluations, probes and saves (not a step's time)."""
+    return sum(self._goodput.seconds[k] for k in ("eval", "probe", "save"))
 
   def _close(self, checkpointer: checkpoints.Checkpointer, writer: MetricsWriter, status: str) -> None:
     gp = self._goodput
@@ -217,9 +292,10 @@ class Loop:
       with gp.phase("probe"):
         self._probe(state, 0, writer)
     log = LogInterval(self, start, gp)
-    last, step, m = {}, start, None
+    last, step, m, recompile = {}, start, None, False
     prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
     end = self.end_step
+    calibration = None   # (time, step, eval/probe/save seconds) when the budget's timed steps began
     while step < end:
       if self._phase is not None and step >= self._phase.end:   # a boundary: the next phase's step and input
         self._enter_phase(self.phases.index_at(step), None)
@@ -235,8 +311,9 @@ class Loop:
       watch.phase = "step"
       state, m = self.trainer.train_step(state, batch, key, self.trainer.values)
       checkpointer.check()   # a save that failed in the background stops the run now, in one line
-      if step == start or (self._phase is not None and step == self._phase.phase.start):   # compiling it
+      if step == start or (self._phase is not None and step == self._phase.phase.start) or recompile:   # compiling it
         gp.seconds["compile"] += time.perf_counter() - t1
+      recompile = False
       log.add(m)
       step += 1
       gp.step = step
@@ -247,12 +324,21 @@ class Loop:
       if _every(step, t.log_every) or final or boundary:
         last = log.flush(step, writer)
         gp.mark(step)
-      if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not stop:
+      decided = False
+      if self._decide_at is not None and step == start + 1:   # compiled: the timed steps begin
+        jax.block_until_ready(state.step)
+        calibration = (time.perf_counter(), step, self._aside_seconds())
+      if self._decide_at is not None and step == self._decide_at and not stop:
+        self._decide_steps(state, step, writer, calibration)
+        self._decide_at, decided, recompile = None, True, True
+        t, end = self.train_config, self.end_step
+        log.restart()
+      if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not stop and not decided:
         watch.phase = "input"
         with gp.phase("eval"):
           last.update(self._eval(state, step, writer))
         log.restart()   # evaluation time is not training throughput
-      if self.probe is not None and (_every(step, t.probe_every) or step == end) and not stop:
+      if self.probe is not None and (_every(step, t.probe_every) or step == end) and not stop and not decided:
         watch.phase = "input"
         with gp.phase("probe"):
           last.update(self._probe(state, step, writer))
@@ -278,6 +364,7 @@ class Loop:
                       "checkpoint; the last checkpoint is intact. Lower optimizer.learning_rate")
     if checkpoints.all_finite(state.params):
       checkpointer.save(step, state, self._saved_state())
+      self._saves += 1
     else:
       logging.warning("step %d: parameters not finite, checkpoint not written", step)
 

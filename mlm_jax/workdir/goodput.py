@@ -183,6 +183,11 @@ class Recorder:
                 wall_seconds=now - self.t_start, start_step=self.start_step, end_step=self.step,
                 seconds=dict(self.seconds), lost=self._lost, marks=self._marks)
 
+  def wall_seconds(self) -> float:
+    """The run's wall time so far: the earlier segments' and this process's since its start, without the
+    time between runs (what train.time_budget_minutes counts; process 0's alone holds the earlier ones)."""
+    return sum(s["wall_seconds"] for s in self._earlier) + time.time() - self.t_start
+
   def fraction(self) -> float:
     """Goodput so far over the whole run (earlier segments, lost work out, time between runs in)."""
     step = self._residual() if self._begun else 0.0

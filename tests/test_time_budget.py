@@ -1,0 +1,146 @@
+"""train.time_budget_minutes: the plan against a direct count, and real runs of the loop whose decided
+steps train exactly what a plain run of that many steps trains, across a stop and a resume."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from subproc import REPO, cpu_env
+
+from mlm_jax.errors import UserError
+from mlm_jax.training import time_budget
+
+
+def _direct_seconds(end, at, costs):
+  """Step by step: every step's time, and each cadence's cost at its multiples and at the end."""
+  total = 0.0
+  for s in range(at + 1, end + 1):
+    total += costs["step"]
+    for name in ("eval", "probe", "save"):
+      every, each = costs.get(name, (0, 0.0))
+      if (every > 0 and s % every == 0) or s == end:
+        total += each
+  return total
+
+
+@pytest.mark.parametrize("costs", [
+    dict(step=0.5, eval=(7, 3.0), probe=(10, 5.0), save=(4, 0.25)),
+    dict(step=0.5, eval=(0, 3.0), save=(5, 1.0)),   # evaluation only at the end
+    dict(step=1.0),
+])
+def test_the_plan_is_the_last_end_that_fits_counted_step_by_step(costs):
+  at, floor, cap = 3, 9, 60
+  for left in (0.0, 4.0, 11.0, 17.5, 30.0, 1e6):
+    fits = [end for end in range(floor, cap + 1) if _direct_seconds(end, at, costs) <= left]
+    assert time_budget.plan(left, at, floor, cap, costs) == (max(fits) if fits else floor), left
+  for end in range(at, cap + 1):
+    assert time_budget.seconds_to(end, at, costs) == pytest.approx(_direct_seconds(end, at, costs))
+
+
+def test_the_decision_must_fall_inside_the_warmup():
+  import ml_collections
+  train = ml_collections.ConfigDict(dict(budget_calibration_steps=100))
+  assert time_budget.check(train, 723, "linear", 0) == 100
+  assert time_budget.check(train, 50, "linear", 0) == 49    # shortened to end inside the warmup
+  assert time_budget.check(train, 0, "constant", 0) == 100  # nothing to wait for
+  with pytest.raises(UserError, match="optimizer.warmup_steps=5 leaves no step to time"):
+    time_budget.check(train, 5, "linear", 4)
+
+
+# Real runs of the one loop (a 1-layer encoder on random tokens, tests/test_loop.py's), each in its own
+# workdir; one process, so the budget counts from its start. Prints {workdir: [loss at each step]}.
+_RUNS = """
+import json, os, sys
+from absl import logging
+from mlm_jax import runtime
+runtime.configure()
+logging.set_verbosity(logging.INFO)
+sys.path.insert(0, "tests")
+from test_loop import random_batch
+from mlm_jax.config.defaults import default_config
+from mlm_jax.model import sharding
+from mlm_jax.training import loop, resolve, trainer as trainer_lib
+
+
+class Random:
+  def batch(self, i):
+    return random_batch(i, 4)
+
+  def get_state(self):
+    return {}
+
+  def set_state(self, state):
+    pass
+
+
+def run(workdir, budget=0.0, steps=24, stop=0):
+  c = default_config()
+  c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                 max_position_embeddings=16)
+  c.data.seq_len = 16
+  c.optimizer.update(warmup_steps=8, learning_rate=1e-2)
+  c.train.update(steps=steps, batch_size=4, log_every=1, eval_every=6, save_every=4, stop_at_step=stop,
+                 time_budget_minutes=budget, budget_calibration_steps=3)
+  r = resolve.resolve_for_compile(c)
+  trainer = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh), r.objective)
+  norm = lambda params, step: {"eval_norm": float(sum((x ** 2).sum() for x in jax.tree.leaves(params)))}
+  loop.Loop(trainer, workdir, Random(), norm, trainer.init, tokens_per_example=16, flops_per_token=1.0).run()
+
+
+import jax
+root = sys.argv[1]
+run(f"{root}/spent", budget=1e-4)                 # spent before it decides: the warmup's end plus one
+run(f"{root}/plain8", steps=8)
+run(f"{root}/ample", budget=60.0, stop=12)        # decides the cap, then stops at step 12
+run(f"{root}/ample", budget=60.0)                 # and resumes to the decided end
+run(f"{root}/plain24")
+out = {}
+for name in ("spent", "plain8", "ample", "plain24"):
+  lines = [json.loads(l) for l in open(f"{root}/{name}/metrics.jsonl")]
+  out[name] = {str(l["step"]): l["loss"] for l in lines if "loss" in l}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def budget_runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("budget")
+  proc = subprocess.run([sys.executable, "-c", _RUNS, str(root)], cwd=REPO, env=cpu_env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return root, json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_a_spent_budget_ends_after_the_warmup_as_a_plain_run_of_that_length(budget_runs):
+  root, losses, log = budget_runs
+  record = json.loads((root / "spent" / "time_budget.json").read_text())
+  # timed steps 2..4 after the compiling first step: decided at step 4; nothing left, so the floor (warmup 8)
+  assert record["decided_at_step"] == 4 and record["steps"] == 8 and record["cap"] == 24
+  assert record["predicted_seconds"] > 60 * record["budget_minutes"]
+  assert "over the budget" in log
+  assert sorted(losses["spent"], key=int) == [str(s) for s in range(1, 9)]
+  assert losses["spent"] == losses["plain8"]   # the same losses, bit for bit: a plain 8-step run's
+  config = json.loads((root / "spent" / "config.json").read_text())
+  assert config["config"]["train"]["steps"] == 8   # what the run trains (the binaries: under "derived")
+
+
+def test_an_ample_budget_takes_the_cap_and_a_resume_keeps_the_decision(budget_runs):
+  root, losses, log = budget_runs
+  record = json.loads((root / "ample" / "time_budget.json").read_text())
+  assert record["steps"] == 24 and record["decided_at_step"] == 4
+  assert record["step_seconds"] > 0 and record["eval_seconds"] > 0
+  assert record["predicted_seconds"] < 3600
+  assert "time budget: 24 steps, fixed at step 4" in log   # the resumed run read the record
+  assert sorted(losses["ample"], key=int) == [str(s) for s in range(1, 25)]
+  assert losses["ample"] == losses["plain24"]
+  evals = [json.loads(l)["step"] for l in (root / "ample" / "metrics.jsonl").read_text().splitlines()
+           if "eval_norm" in l]
+  assert evals == [4, 6, 12, 18, 24]   # the timed evaluation at the decision, then the cadence's
+
+
+def test_an_unreadable_record_is_named_and_kept(tmp_path):
+  (tmp_path / "time_budget.json").write_text("{not json")
+  with pytest.raises(UserError, match=r"time_budget.json: unreadable .*expected the step count"):
+    time_budget.read(str(tmp_path))
+  assert (tmp_path / "time_budget.json").read_text() == "{not json"
