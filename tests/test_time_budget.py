@@ -144,3 +144,21 @@ def test_an_unreadable_record_is_named_and_kept(tmp_path):
   with pytest.raises(UserError, match=r"time_budget.json: unreadable .*expected the step count"):
     time_budget.read(str(tmp_path))
   assert (tmp_path / "time_budget.json").read_text() == "{not json"
+
+
+def test_two_processes_of_the_binary_end_at_the_one_decided_step(tmp_path, corpus_and_tokenizer):
+  """The real binary on 2 processes (jax.distributed on localhost): process 0's decision is every process's,
+  and config.json keeps the user's cap beside the derived steps. The budget is spent before the decision, so
+  the verdict is the warmup's end whatever the machine's speed."""
+  from test_multihost import Job
+  from test_train import RUNS_ON, _losses
+  wd = tmp_path / "pod"
+  job = Job(2, wd, corpus_and_tokenizer, "--config.train.time_budget_minutes=0.0001",
+            "--config.train.budget_calibration_steps=2", "--config.optimizer.warmup_steps=6", logs=tmp_path, leg="budget")
+  assert job.wait() == [0, 0], job.stderr(0)[-3000:]
+  record = json.loads((wd / "time_budget.json").read_text())
+  assert (record["decided_at_step"], record["steps"], record["cap"]) == (3, 6, RUNS_ON)
+  assert sorted(_losses(wd)) == list(range(1, 7))
+  assert f"train.steps = 6 (at most {RUNS_ON})" in job.stderr(0), job.stderr(0)[-3000:]   # process 1 logs less
+  config = json.loads((wd / "config.json").read_text())
+  assert config["config"]["train"]["steps"] == RUNS_ON and config["derived"]["train"]["steps"] == 6

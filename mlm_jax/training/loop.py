@@ -190,7 +190,7 @@ class Loop:
     logging.info("time budget %.1f min: %.1f min spent at step %d, %.4f s a step: train.steps = %d (at most %d), "
                  "%.1f min in all by the plan%s", float(t.time_budget_minutes), elapsed / 60, step, costs["step"],
                  steps, int(t.steps), predicted / 60,
-                 "" if predicted <= budget else " (over the budget: the steps cannot end before the warmup)")
+                 "" if predicted <= budget else f" (over the budget: the run cannot end before step {floor})")
 
   def _aside_seconds(self) -> float:
     """This process's seconds so far in evaluations, probes and saves (not a step's time)."""
