@@ -42,6 +42,9 @@ the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
 the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf16` computes in bfloat16; they
 combine: `:short,mask30`, `:bf16,hour,mask30`.
+`:timed` is the hour by the clock of the machine that runs it (`train.time_budget_minutes=60`, tokenizer included;
+docs/resume.md#a-time-budget): the hour's warmup, then the steps that fit, decided once at step 101 (at most twice
+the hour's), so the decay ends in the 60th minute on a slower VM or a faster one: `:bf16,mask30,timed`.
 
 The small-data levers, each a variant (they combine with commas; their BLiMP below):
 `:gptbert` GPT-BERT's objective (Charpentier & Samuel, 2024; docs/objectives.md#gpt-bert-masked-next-token-prediction-with-a-causal-share):

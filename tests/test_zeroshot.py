@@ -337,6 +337,14 @@ def test_the_cpu_recipes_variants_get_equal_compute():
     recipe.get_config("mask40")
   with pytest.raises(ValueError, match="two budgets"):
     recipe.get_config("short,hour")
+  # :timed: the hour's warmup, 60 minutes of the clock, at most twice the hour's steps
+  hour, timed = recipe.get_config("bf16,hour,mask30"), recipe.get_config("bf16,mask30,timed")
+  assert timed.train.time_budget_minutes == 60.0 and hour.train.time_budget_minutes == 0.0
+  assert (timed.train.steps, timed.optimizer.warmup_steps) == (2 * hour.train.steps, hour.optimizer.warmup_steps)
+  assert timed.train.budget_calibration_steps < timed.optimizer.warmup_steps   # decided inside the warmup
+  for bad in ("short,timed", "gptbert,timed"):
+    with pytest.raises(ValueError, match="pick one"):
+      recipe.get_config(bad)
 
 
 def test_the_multilingual_recipes_languages_and_variants(shared_data):
