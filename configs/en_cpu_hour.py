@@ -34,9 +34,10 @@ below it (the aim is the mean of 3 seeds). `:hour` in float32 (without `:bf16`) 
 (seed 2, idle, the faster matmul plan) on a slower 2-core VM (Intel Xeon, 13.6k / 15.1k tokens/s).
 The CPU runs as two JAX devices (`cpu_devices = 2`, since 2026-12-05): 1.06-1.21x tokens/s on that VM (ten
 benchmark rounds, docs/performance.md#cpu-devices); seed 3 so: 1h11m on a slower day there (15.0k tokens/s median,
-MFU 13.6% of its bfloat16 peak), all pairs 61.19%, 0.01 below the 5-gram row; the four seeds' mean 60.6%, 0.6 below.
+MFU 13.6% of its bfloat16 peak), all pairs 61.19%, 0.01 below the 5-gram row.
 Two devices also run XLA's concurrency-optimized schedule (since 2026-12-06): 1.02-1.13x more over ten rounds there;
-in the loop 16.3k tokens/s over the hour's first 300 steps against 15.3k in the memory-first order.
+in the loop 16.3k tokens/s over the hour's first 300 steps against 15.3k in the memory-first order. Seed 4 so
+(stopped and resumed on a slowed VM): all pairs 61.51%. The five seeds' mean 60.76% (SD 0.66), 0.44 below the row.
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
@@ -44,7 +45,10 @@ the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf1
 combine: `:short,mask30`, `:bf16,hour,mask30`.
 `:timed` is the hour by the clock of the machine that runs it (`train.time_budget_minutes=60`, tokenizer included;
 docs/resume.md#a-time-budget): the hour's warmup, then the steps that fit, decided once at step 101 (at most twice
-the hour's), so the decay ends in the 60th minute on a slower VM or a faster one: `:bf16,mask30,timed`.
+the hour's), so the decay ends in the 60th minute on a slower VM or a faster one: `:bf16,mask30,timed`. Seed 0
+(2026-12-06, the Intel VM, idle): 10399 steps fitted (0.308 s a step at the decision), 55m41s with its tokenizer
+(the VM ran 15% faster in the second half), held-out 3.29 at 30% on the books, all pairs 60.0% (the fixed
+14472 steps: 60.8%, 70 minutes there).
 
 The small-data levers, each a variant (they combine with commas; their BLiMP below):
 `:gptbert` GPT-BERT's objective (Charpentier & Samuel, 2024; docs/objectives.md#gpt-bert-masked-next-token-prediction-with-a-causal-share):
