@@ -139,6 +139,18 @@ def test_an_ample_budget_takes_the_cap_and_a_resume_keeps_the_decision(budget_ru
   assert evals == [4, 6, 12, 18, 24]   # the timed evaluation at the decision, then the cadence's
 
 
+def test_a_budget_with_phases_is_refused_before_any_work(tmp_path):
+  from mlm_jax.config.defaults import default_config
+  from mlm_jax.errors import ConfigError
+  from mlm_jax.training import resolve
+  c = default_config()
+  c.phases = ({"name": "a", "end_step": 8},)
+  c.train.time_budget_minutes = 60.0
+  with pytest.raises(ConfigError, match="train.time_budget_minutes with config.phases") as e:
+    resolve.settle(c, str(tmp_path))   # what the binary checks before it trains a tokenizer
+  assert "\n" not in str(e.value) and not any(tmp_path.iterdir())
+
+
 def test_an_unreadable_record_is_named_and_kept(tmp_path):
   (tmp_path / "time_budget.json").write_text("{not json")
   with pytest.raises(UserError, match=r"time_budget.json: unreadable .*expected the step count"):

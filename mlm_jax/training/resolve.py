@@ -186,6 +186,9 @@ def settle(config: ml_collections.ConfigDict, workdir: str,
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
   phases = phases_lib.parse(config)   # and a bad phase
+  if phases and float(config.train.get("time_budget_minutes", 0.0) or 0.0) > 0:
+    raise ConfigError("train.time_budget_minutes with config.phases: a budget decides the run's steps as it runs, "
+                      "phases end at steps given in advance; give one")
   phases_lib.bind_token_lengths(config, phases)
   objective = registry.load(config.objective)
   _substitute_workdir(config, workdir)
