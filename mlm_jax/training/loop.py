@@ -132,7 +132,7 @@ class Loop:
   def _time_budget(self, start: int) -> int | None:
     """train.time_budget_minutes: the steps a recorded decision fixed, or the step that will decide them."""
     t = self.train_config
-    if float(t.get("time_budget_minutes", 0.0) or 0.0) <= 0:
+    if time_budget.minutes(t) <= 0:
       return None
     if self.phases is not None or self.trainer.description is None:
       raise UserError("train.time_budget_minutes: a budget fixes the steps of a pretraining run without "
@@ -173,7 +173,7 @@ class Loop:
     budget = 60.0 * float(t.time_budget_minutes)
     elapsed, compile_s = gp.wall_seconds(), gp.seconds["compile"]   # the new schedule compiles once more
     o = self.trainer.config.optimizer
-    floor = min(max(step + 1, int(o.warmup_steps) if o.schedule != "constant" else 0), int(t.steps))
+    floor = time_budget.floor(step, o.warmup_steps, o.schedule, int(t.steps))
     steps = time_budget.plan(budget * (1 - time_budget.MARGIN) - elapsed - compile_s, step, floor, int(t.steps), costs)
     if jax.process_count() > 1:   # process 0's clock decides for all (only it has the earlier runs' record)
       from jax.experimental import multihost_utils

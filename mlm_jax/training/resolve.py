@@ -27,6 +27,7 @@ from mlm_jax.errors import ConfigError
 from mlm_jax.model import attention, matmul
 from mlm_jax.objectives import masking, registry
 from mlm_jax.workdir import files as workdir_files, restore
+from mlm_jax.training import time_budget
 
 PRETRAINING, FINETUNING = "pretraining", "finetuning"   # config.kind
 
@@ -186,7 +187,7 @@ def settle(config: ml_collections.ConfigDict, workdir: str,
   config = _copy(config)
   choices.check_config(config)   # a typo'd choice fails before minutes of tokenizer training
   phases = phases_lib.parse(config)   # and a bad phase
-  if phases and float(config.train.get("time_budget_minutes", 0.0) or 0.0) > 0:
+  if phases and time_budget.minutes(config.train) > 0:
     raise ConfigError("train.time_budget_minutes with config.phases: a budget decides the run's steps as it runs, "
                       "phases end at steps given in advance; give one")
   phases_lib.bind_token_lengths(config, phases)

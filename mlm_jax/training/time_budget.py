@@ -27,6 +27,11 @@ FILE = "time_budget.json"
 MARGIN = 0.01   # of the budget, kept for what no cadence covers (the final wait for the last save)
 
 
+def minutes(train) -> float:
+  """The budget a `train` section asks for, in minutes; 0: none (train.steps as given)."""
+  return float(train.get("time_budget_minutes", 0.0) or 0.0)
+
+
 def read(workdir: str) -> dict | None:
   """The decision recorded in WORKDIR/time_budget.json, or None when there is none yet."""
   path = os.path.join(workdir, FILE)
@@ -93,3 +98,9 @@ def check(train, warmup_steps: int, schedule: str, start: int) -> int:
                       f"depends on the steps), but optimizer.warmup_steps={warmup_steps} leaves no step to time "
                       f"after the compile at step {start + 1}; raise optimizer.warmup_steps")
   return k
+
+
+def floor(step: int, warmup_steps: int, schedule: str, cap: int) -> int:
+  """The fewest steps a decision at `step` may fix: past it and, but for a constant schedule, not before the
+  warmup's end (a shorter run would change the warmup the steps so far trained with); at most `cap`."""
+  return min(max(step + 1, int(warmup_steps) if schedule != "constant" else 0), cap)
