@@ -32,6 +32,23 @@ def random_batch(i: int, rows: int, seq: int = 16) -> dict:
   return dict(input_ids=ids, segment_ids=np.ones_like(ids), word_starts=np.ones_like(ids),
               positions=np.tile(np.arange(seq, dtype=np.int32), (rows, 1)))
 
+
+class RandomInput:
+  """The loop's input of random_batch rows: batch i is a function of i alone, so there is no position to keep."""
+
+  def __init__(self, rows: int):
+    self.rows = rows
+
+  def batch(self, i):
+    return random_batch(i, self.rows)
+
+  def get_state(self):
+    return {}
+
+  def set_state(self, state):
+    pass
+
+
 # A tiny encoder trained by the real loop on random tokens; its input blocks forever at step 5.
 _STALLING_RUN = """
 import sys, threading
@@ -92,22 +109,12 @@ def test_zero_cadences_and_an_error_at_the_end_keep_the_saved_checkpoint(tmp_pat
   trainer = tiny_trainer(jax.devices()[:1], steps=4, batch_size=2, log_every=0, eval_every=0, save_every=2)
   evaluated = []
 
-  class Tokens:
-    def batch(self, i):
-      return random_batch(i, 2)
-
-    def get_state(self):
-      return {}
-
-    def set_state(self, state):
-      pass
-
   def failing_eval(params, at):
     evaluated.append(at)
     raise DataError("no eval documents")
 
   with pytest.raises(DataError):
-    loop.Loop(trainer, str(tmp_path), Tokens(), failing_eval, trainer.init, tokens_per_example=16,
+    loop.Loop(trainer, str(tmp_path), RandomInput(2), failing_eval, trainer.init, tokens_per_example=16,
               flops_per_token=1.0).run()
   assert evaluated == [4]
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]

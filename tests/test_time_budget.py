@@ -57,21 +57,10 @@ from mlm_jax import runtime
 runtime.configure()
 logging.set_verbosity(logging.INFO)
 sys.path.insert(0, "tests")
-from test_loop import random_batch
+from test_loop import RandomInput
 from mlm_jax.config.defaults import default_config
 from mlm_jax.model import sharding
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
-
-
-class Random:
-  def batch(self, i):
-    return random_batch(i, 4)
-
-  def get_state(self):
-    return {}
-
-  def set_state(self, state):
-    pass
 
 
 def run(workdir, budget=0.0, steps=24, stop=0):
@@ -85,7 +74,7 @@ def run(workdir, budget=0.0, steps=24, stop=0):
   r = resolve.resolve_for_compile(c)
   trainer = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh), r.objective)
   norm = lambda params, step: {"eval_norm": float(sum((x ** 2).sum() for x in jax.tree.leaves(params)))}
-  loop.Loop(trainer, workdir, Random(), norm, trainer.init, tokens_per_example=16, flops_per_token=1.0).run()
+  loop.Loop(trainer, workdir, RandomInput(4), norm, trainer.init, tokens_per_example=16, flops_per_token=1.0).run()
 
 
 import jax
