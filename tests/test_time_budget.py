@@ -140,6 +140,17 @@ def test_a_budget_with_phases_is_refused_before_any_work(tmp_path):
   assert "\n" not in str(e.value) and not any(tmp_path.iterdir())
 
 
+def test_a_budget_in_fine_tuning_is_refused_before_any_work(tmp_path):
+  from mlm_jax.config.finetune_defaults import finetune_config
+  from mlm_jax.errors import ConfigError
+  from mlm_jax.training import provision
+  c = finetune_config()
+  c.train.time_budget_minutes = 10.0
+  with pytest.raises(ConfigError, match="give train.steps for fine-tuning") as e:
+    provision.finetuning(c, str(tmp_path), init_from=str(tmp_path / "no_such_model"))   # refused before the source
+  assert "\n" not in str(e.value) and not any(tmp_path.iterdir())
+
+
 def test_an_unreadable_record_is_named_and_kept(tmp_path):
   (tmp_path / "time_budget.json").write_text("{not json")
   with pytest.raises(UserError, match=r"time_budget.json: unreadable .*expected the step count"):

@@ -105,8 +105,9 @@ class Loop:
     self._write_config()
     writer = MetricsWriter(self.workdir, enabled=jax.process_index() == 0, truncate_after=start)
     watch = preemption.Preemption(t.sigterm_timeout_s, start, checkpointer.wait)
-    logging.info("training steps %d..%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start, self.end_step,
-                 t.batch_size, self.tokens_per_example, dict(self.trainer.mesh.shape),
+    logging.info("training steps %d..%s%d, global batch %d x %d tokens, mesh %s, %.2fM parameters", start,
+                 "at most " if self._decide_at else "", self.end_step, t.batch_size, self.tokens_per_example,
+                 dict(self.trainer.mesh.shape),
                  sum(x.size for x in jax.tree.leaves(state.params)) / 1e6)
     gp.begin_steps(start, writer.max_step_before)
     status, self._profiler, lost = "error", None, False

@@ -11,7 +11,8 @@ from absl import logging
 
 from mlm_jax import runtime
 from mlm_jax.config import choices, phases as phases_lib
-from mlm_jax.training import resolve
+from mlm_jax.errors import ConfigError
+from mlm_jax.training import resolve, time_budget
 
 
 def pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict | None = None) -> None:
@@ -31,8 +32,12 @@ def pretraining(config: ml_collections.ConfigDict, workdir: str, overrides: dict
 
 def finetuning(config: ml_collections.ConfigDict, workdir: str, init_from: str | None = None) -> None:
   """Everything resolve.resolve_finetuning(config, workdir, init_from) reads: the source converted when it
-  is a transformers folder."""
+  is a transformers folder. A time budget is refused here, before any conversion: it fixes a pretraining run's
+  steps (training/time_budget.py); fine-tuning ends at train.steps and keeps its best checkpoint."""
   choices.check_config(config)
+  if time_budget.minutes(config.train) > 0:
+    raise ConfigError("train.time_budget_minutes: a budget fixes the steps of a pretraining run without "
+                      "config.phases; give train.steps for fine-tuning instead")
   import_transformers(init_from or config.init_from, workdir)
 
 
