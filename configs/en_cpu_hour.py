@@ -65,6 +65,8 @@ alone, `:gptbert,bf16` (seeds 0 / 1 / 2, 2026-12-05): 55.2 / 54.6 / 54.5% (mean 
 `:lamb,bf16` (seeds 0 / 1 / 2, 2026-12-05): 6000 steps, held-out 3.33 / 3.49 / 3.35, BLiMP --fast 56.2 / 56.0 / 55.0%
 (mean 55.7 against AdamW's 55.0, ahead on every seed). At the hour it does not pay: `:bf16,hour,mask30,lamb`
 (seed 0) all pairs 60.5% against AdamW's 60.8 on the same seed, at lr 5e-3 60.6%; not in the recipe.
+Dropout 0.1 (BabyLM's) at the hour, `--config.model.hidden_dropout=0.1 --config.model.attention_dropout=0.1`
+(seed 0, 2026-12-06): all pairs 60.4% against 60.8 without, held-out 3.25 against 3.16; not in the recipe.
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
