@@ -8,7 +8,7 @@ import pytest
 
 from subproc import REPO, cpu_env
 
-from mlm_jax.errors import UserError
+from mlm_jax.errors import ConfigError, UserError
 from mlm_jax.training import time_budget
 
 
@@ -130,7 +130,6 @@ def test_an_ample_budget_takes_the_cap_and_a_resume_keeps_the_decision(budget_ru
 
 def test_a_budget_with_phases_is_refused_before_any_work(tmp_path):
   from mlm_jax.config.defaults import default_config
-  from mlm_jax.errors import ConfigError
   from mlm_jax.training import resolve
   c = default_config()
   c.phases = ({"name": "a", "end_step": 8},)
@@ -142,7 +141,6 @@ def test_a_budget_with_phases_is_refused_before_any_work(tmp_path):
 
 def test_a_budget_in_fine_tuning_is_refused_before_any_work(tmp_path):
   from mlm_jax.config.finetune_defaults import finetune_config
-  from mlm_jax.errors import ConfigError
   from mlm_jax.training import provision
   c = finetune_config()
   c.train.time_budget_minutes = 10.0
