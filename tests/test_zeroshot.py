@@ -84,27 +84,31 @@ def constant_workdir(tmp_path_factory):
   return str(wd)
 
 
-def _tie_free_accuracy(tok, paradigm) -> float:
-  """The accuracy of the constant model when ties are wrong: the good sentence must be the shorter."""
+def _tie_free_verdicts(tok, paradigm) -> str:
+  """The constant model's verdict on each pair when ties are wrong: right ("1") where the good sentence is the
+  shorter."""
   from mlm_jax.evaluation import pll
   good, bad = pll.encode(tok, paradigm.good), pll.encode(tok, paradigm.bad)
   assert any(len(g) == len(b) for g, b in zip(good, bad))   # ties occur
-  return float(np.mean([len(g) < len(b) for g, b in zip(good, bad)]))
+  return "".join("1" if len(g) < len(b) else "0" for g, b in zip(good, bad))
 
 
 def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   """--tasks=blimp alone with a constant model: a pair is right only where the good sentence has fewer
   tokens (ties wrong); the table shows the overall and the phenomena (3 here, 12 on all of BLiMP) beside the
-  paper's rows; the JSON holds every paradigm; a re-run reads the result back."""
+  paper's rows; the JSON holds every paradigm and every pair's verdict; a re-run reads the result back."""
   from mlm_jax.evaluation import fill_mask, zeroshot
-  from mlm_jax.finetuning import suite
+  from mlm_jax.finetuning import suite, zeroshot_suite
   tok = fill_mask.from_workdir(constant_workdir).tokenizer
   paradigms = blimp.read(str(data / blimp.FOLDER))
-  expected = {p.name: _tie_free_accuracy(tok, p) for p in paradigms}
+  verdicts = {p.name: _tie_free_verdicts(tok, p) for p in paradigms}
+  expected = {name: v.count("1") / len(v) for name, v in verdicts.items()}
   out, lines = str(tmp_path / "suite"), []
   summary = suite.run_suite(constant_workdir, out, tasks="blimp", fast=True, data=str(data), log=lines.append)
   z = summary["zeroshot"]["blimp"]
   assert z["paradigms"] == pytest.approx(expected) and z["overall"] == pytest.approx(np.mean(list(expected.values())))
+  kept = json.load(open(os.path.join(out, "blimp", zeroshot_suite.RESULT_FILE)))
+  assert z["verdicts"] == kept["verdicts"] == verdicts and any("0" in v and "1" in v for v in verdicts.values())
   assert z["pairs"] == 3 * PAIRS and set(z["phenomena"]) == {"anaphor_agreement", "island_effects",
                                                             "subject_verb_agreement"}
   assert summary["tasks"] == {} and summary["zeroshot_average"] == pytest.approx(100 * z["overall"])

@@ -6,7 +6,9 @@ model meets 9 of BLiMP's 67,000) is wrong, not skipped: every model is scored on
 summary says how many (`too_long`). A set's accuracy is the share of its pairs right; a phenomenon's the
 mean over its sets; a group's (CLAMS: a language; a pairs task: a file) the mean over its sets; overall,
 the mean over groups, or over sets where there are none (BLiMP: over paradigms, as the paper reports it;
-docs/quality.md). `pll` names the PLL variant (evaluation/pll.py) that scored them.
+docs/quality.md). `pll` names the PLL variant (evaluation/pll.py) that scored them. `verdicts` keeps every
+pair's outcome (a set's pairs in file order, "1" right, "0" wrong), so two models scored on the same pairs
+compare pair by pair, not only by their means.
 """
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ from mlm_jax.evaluation import pll
 def pair_correct(good: np.ndarray, bad: np.ndarray) -> np.ndarray:
   """bool per pair: strictly more likely good sentence (a tie is wrong)."""
   return np.asarray(good) > np.asarray(bad)
+
+
+def verdicts(correct: dict) -> dict:
+  """{set name: one character a pair, "1" right, "0" wrong} from bool arrays per set name."""
+  return {name: (np.asarray(c, np.uint8) + ord("0")).tobytes().decode("ascii") for name, c in correct.items()}
 
 
 def _means(sets: list, per: dict, key) -> dict:
@@ -62,7 +69,7 @@ def score_pairs(scorer: pll.Scorer, params, sets: list) -> dict:
     too_long += int((~both).sum())
     at += 2 * n
   out = summarize(sets, correct)
-  out.update(too_long=too_long, longest=scorer.longest, pll=scorer.variant)
+  out.update(too_long=too_long, longest=scorer.longest, pll=scorer.variant, verdicts=verdicts(correct))
   out["seconds"] = time.perf_counter() - t0
   out["sentences_per_second"] = len(sentences) / max(out["seconds"], 1e-9)
   return out
