@@ -312,7 +312,8 @@ def test_bad_input_is_one_line(data, tmp_path, shared_data):
 def test_the_cpu_recipes_variants_get_equal_compute():
   """configs/en_cpu_hour.py's variants (:mask30, :gptbert, ... and :short or :hour with them) train for as many
   steps as make steps x FLOPs per token (the objective's count, at the slots the masking predicts on CPU) the 15%
-  run's of the same budget within one step; :gptbert's mask rate falls from 30% to 15% over exactly its steps."""
+  run's of the same budget within one step; :gptbert's mask rate falls from 30% to 15% over exactly its steps;
+  :hour and :timed train at the hour's learning rate."""
   import importlib.util
   from mlm_jax.objectives import masking, registry
   spec = importlib.util.spec_from_file_location("en_cpu_hour", pathlib.Path(__file__).resolve().parents[1]
@@ -345,6 +346,10 @@ def test_the_cpu_recipes_variants_get_equal_compute():
   hour, timed = recipe.get_config("bf16,hour,mask30"), recipe.get_config("bf16,mask30,timed")
   assert timed.train.time_budget_minutes == 60.0 and hour.train.time_budget_minutes == 0.0
   assert (timed.train.steps, timed.optimizer.warmup_steps) == (2 * hour.train.steps, hour.optimizer.warmup_steps)
+  # the hour's learning rate wherever the hour's budget runs, the recipe's elsewhere; LAMB keeps its own
+  assert hour.optimizer.learning_rate == timed.optimizer.learning_rate == recipe.HOUR_LR
+  assert recipe.get_config("bf16,short,mask30").optimizer.learning_rate == 1e-3 != recipe.HOUR_LR
+  assert recipe.get_config("hour,lamb").optimizer.learning_rate == 1e-2
   assert timed.train.budget_calibration_steps < timed.optimizer.warmup_steps   # decided inside the warmup
   for bad in ("short,timed", "gptbert,timed"):
     with pytest.raises(ValueError, match="pick one"):
