@@ -147,8 +147,8 @@ def get_config(variant=""):
   steps = round(steps * FLOPS_15 / flops_per_token(c))
   if "gptbert" in parts:
     c.masking.mask_rate_schedule = ("0:0.3", f"{steps}:0.15")
-  c.optimizer.update(dict(learning_rate=HOUR_LR if "hour" in parts else 1e-3, warmup_steps=steps // 20, schedule="linear", b2=0.98, eps=1e-6,
-                          weight_decay=0.01))
+  c.optimizer.update(dict(learning_rate=HOUR_LR if "hour" in parts else 1e-3, warmup_steps=steps // 20,
+                          schedule="linear", b2=0.98, eps=1e-6, weight_decay=0.01))
   if "timed" in parts:   # the hour's warmup; its steps are then what 60 minutes hold, at most twice the hour's
     c.train.update(dict(time_budget_minutes=60.0, budget_calibration_steps=100))
     steps *= 2
