@@ -13,6 +13,7 @@ from mlm_jax.config import defaults
 from mlm_jax.data import specs
 from mlm_jax.data.store import shards
 from mlm_jax.data.store import prepare
+from mlm_jax.data.store import text_reader
 from mlm_jax.data.text import stream
 from mlm_jax.data.text import sources
 from mlm_jax.data.tokenizers import load as tokenizer_load
@@ -411,9 +412,50 @@ def test_bad_input_through_pipeline(tok, tmp_path):
   assert collections.Counter(got) == collections.Counter(want)
   assert stats.as_dict() == dict(empty_files=1, empty_docs=1, invalid_utf8_lines=1,
                                  long_docs_split=1, long_blocks_split=0, long_lines_cut=0,
-                                 truncated_files=0)
+                                 truncated_files=0, bad_json_records=0)
   next(p)  # the repeating train stream runs too
   assert p.stats()["empty_files"] == 1
+
+
+def test_jsonl_source_both_paths(tok, tmp_path):
+  """`jsonl:FIELD:GLOB`: each record's field read as a file of its own lines (a record ends its last
+  block); records that are not objects with a string field are skipped and counted, on the streaming
+  path and in a token store alike, which hold the same documents."""
+  records = [json.dumps({"id": 1, "text": "Erste Zeile.\r\nzweite Zeile.\n\nNeuer Absatz."}),
+             "", json.dumps({"text": "Grüße \"zitiert\" \ud800 Ende"}, ensure_ascii=True),
+             json.dumps({"title": "kein Text"}), '{"text": "abgeschnitten', json.dumps({"text": 5}),
+             json.dumps(["text"]), json.dumps({"text": "Letzter Satz.", "more": {"text": "x"}})]
+  with gzip.open(tmp_path / "a.jsonl.gz", "wt", encoding="utf-8") as f:
+    f.write("\ufeff" + "\n".join(records) + "\n")
+  by_format = {"blank_line": ["Erste Zeile. zweite Zeile.", "Neuer Absatz.", 'Grüße "zitiert" ? Ende',
+                              "Letzter Satz."],
+               "line": ["Erste Zeile.", "zweite Zeile.", "Neuer Absatz.", 'Grüße "zitiert" ? Ende',
+                        "Letzter Satz."]}
+  for doc_format, want in by_format.items():
+    cfg = _cfg(sources=(f"j=jsonl:text:{tmp_path}/*.jsonl.gz",), doc_format=doc_format, seq_len=64)
+    assert _direct_docs(cfg) == want
+    stats = sources.Stats()
+    got = _segments(_epoch(cfg, tok, stats=stats), tok, 64)
+    assert collections.Counter(got) == collections.Counter(_expected_chunks(tok, want, 62))
+    assert stats.as_dict()["bad_json_records"] == 4 and stats.as_dict()["invalid_utf8_lines"] == 0
+    opts = prepare.Options(sources=tuple(cfg.sources), tokenizer=tok.model_path, eval_percent=0.0,
+                           doc_format=doc_format)
+    manifest = prepare.prepare(opts, str(tmp_path / doc_format), progress_s=1e9, log=lambda s: None)
+    assert manifest["sources"]["j"]["stats"]["bad_json_records"] == 4
+    st = shards.Store(str(tmp_path / doc_format))
+    stored = st.read("j", "train", np.arange(st.lengths("j", "train").size))
+    assert [d.ids.tolist() for d in stored] == [tok.encode(d) for d in want]
+  lines = sources.text_lines(specs.parse_spec(f"jsonl:text:{tmp_path}/*.jsonl.gz"))   # tokenizer training's
+  assert [b.decode() for b in lines.as_numpy_iterator()] == by_format["line"]
+  # a long line of a record is cut at character boundaries, as a long text line is
+  (tmp_path / "long.jsonl").write_text(json.dumps({"text": "ä" * 20 + "\nkurz"}) + "\n", encoding="utf-8")
+  counters = text_reader.Counters()
+  pieces = list(text_reader.lines(str(tmp_path / "long.jsonl"), "text", 15, counters))
+  assert pieces == ["ä" * 7, "ä" * 7, "ä" * 6, "kurz", ""] and counters["long_lines_cut"] == 1
+  with pytest.raises(DataError, match="line 1 is not a JSON object with a string 'body'"):
+    list(text_reader.lines(str(tmp_path / "long.jsonl"), "body", 0, text_reader.Counters(strict=True)))
+  with pytest.raises(DataError, match="expected jsonl:FIELD:GLOB"):
+    specs.parse_spec("jsonl:/data/*.jsonl")
 
 
 def test_config_errors(shared_data, tok):

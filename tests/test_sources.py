@@ -220,7 +220,7 @@ def test_empty_files_and_documents_skipped_and_counted(tmp_path):
   assert _docs(f"{tmp_path}/*", stats=stats) == ["one", "two"]
   assert stats.as_dict() == dict(empty_files=2, empty_docs=3, invalid_utf8_lines=0,
                                  long_docs_split=0, long_blocks_split=0, long_lines_cut=0,
-                                 truncated_files=0)
+                                 truncated_files=0, bad_json_records=0)
   assert sorted(stats.empty_files) == [f"{tmp_path}/a.txt", f"{tmp_path}/b.txt.gz"]
   with pytest.raises(DataError) as e:
     _docs(f"{tmp_path}/a.txt")

@@ -11,7 +11,7 @@
       --region=R --temp_location=gs://BUCKET/tmp --setup_file=./setup.py
 
 Sources take the syntax of `config.data.sources` (name=spec; text globs, tsv:FIELD:GLOB,
-tfds:NAME:SPLIT[:FEATURE], tfrecord:GLOB). Re-running skips finished units; killed and re-run,
+jsonl:FIELD:GLOB, tfds:NAME:SPLIT[:FEATURE], tfrecord:GLOB). Re-running skips finished units; killed and re-run,
 the store is byte-identical, whichever ran it. Train from it with
 `--config.data.sources="('store:/data/store',)"`.
 """

@@ -6,7 +6,7 @@
       --text=ru='tsv:2:../shared/data/corpus/ru/*.tsv.gz' [--max_lines=1000]
 
 Each --tokenizer is NAME=PATH (a .model, tokenizer.json, vocab.txt or a folder holding one); each
---text is LANG=SPEC with the specs of data.sources (GLOB, tsv:FIELD:GLOB; .gz read transparently), a
+--text is LANG=SPEC with the specs of data.sources (GLOB, tsv:FIELD:GLOB, jsonl:FIELD:GLOB; .gz read transparently), a
 line a sentence or paragraph. Words are whitespace-separated, each encoded as it reads in its sentence
 (mlm_jax/data/tokenizers/word_stats.py). Prints a table (a row per language, a column group per
 tokenizer), then the figures as one JSON object on the last line; errors are one line and exit code 2.
@@ -29,15 +29,15 @@ def _named(items, what):
 
 
 def read_lines(spec_str: str, max_lines: int) -> list:
-  """Non-blank lines of a source spec (text glob or tsv:FIELD:GLOB), as the store's reader yields them."""
+  """Non-blank lines of a text-kind source spec, as the store's reader yields them."""
   from mlm_jax.data import specs
   from mlm_jax.data.store import text_reader
   spec = specs.parse_spec(spec_str)
-  if spec.kind not in ("text", "tsv"):
-    raise specs.DataError(f"--text {spec_str!r}: expected GLOB or tsv:FIELD:GLOB")
+  if spec.kind not in specs.TEXT_KINDS:
+    raise specs.DataError(f"--text {spec_str!r}: expected GLOB, tsv:FIELD:GLOB or jsonl:FIELD:GLOB")
   out = []
   for path in specs.list_files(spec.pattern, spec_str):
-    for doc in text_reader.documents(path, int(spec.arg) if spec.kind == "tsv" else -1, "line", 1 << 16,
+    for doc in text_reader.documents(path, specs.text_field(spec.kind, spec.arg), "line", 1 << 16,
                                      text_reader.Counters()):
       out.append(doc[0])
       if max_lines and len(out) >= max_lines:

@@ -21,7 +21,7 @@ from mlm_jax.errors import UserError
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--input", action="append", required=True,
-                 help="name=spec or glob; repeat for several (specs: GLOB, tsv:FIELD:GLOB)")
+                 help="name=spec or glob; repeat for several (specs: GLOB, tsv:FIELD:GLOB, jsonl:FIELD:GLOB)")
   p.add_argument("--out", required=True, help="output prefix (writes OUT.model, OUT.vocab, ...)")
   p.add_argument("--vocab_size", type=int, default=32000)
   p.add_argument("--layout", choices=tokenizer_base.LAYOUTS, default="xlmr")

@@ -228,6 +228,7 @@ def data_defaults() -> ml_collections.ConfigDict:
   # Training corpora, each 'name=spec' (the name labels logs and the mixing weights). Specs:
   #   GLOB[,GLOB]              text files, .gz read transparently (local or gs://)
   #   tsv:FIELD:GLOB           tab-separated text, column FIELD (Leipzig: tsv:1:..)
+  #   jsonl:FIELD:GLOB         JSON lines, the string field FIELD of each record (HF datasets, C4: jsonl:text:..)
   #   tfds:NAME[/CFG]:SPLIT[:FEATURE]   a prepared TFDS dataset in `tfds_data_dir`
   #   tfrecord:GLOB            tf.train.Example with int64 `input_ids` (pre-tokenized docs)
   d.sources = ()

@@ -1,6 +1,7 @@
 """Source specs: the strings that name a corpus in `data.sources` (`name=spec`), parsed.
 
-Text globs, `tsv:FIELD:GLOB`, `tfds:NAME[/CONFIG]:SPLIT[:FEATURE]`, `tfrecord:GLOB` (`store:DIR`: store/loader.py),
+Text globs, `tsv:FIELD:GLOB`, `jsonl:FIELD:GLOB`, `tfds:NAME[/CONFIG]:SPLIT[:FEATURE]`, `tfrecord:GLOB`
+(`store:DIR`: store/loader.py),
 read by both input paths and mixed with `mixing_weights`. No TensorFlow at import but in `list_files` (gs://).
 """
 from __future__ import annotations
@@ -14,13 +15,15 @@ from mlm_jax.errors import DataError
 # blank_line blocks are cut at the first line batch where they reach ~32k characters: far more
 # than any seq_len of tokens, and it bounds the memory of a file that has no blank lines.
 MAX_BLOCK_CHARS = 1 << 15
+# The kinds read as lines of text (the rest are TFDS and pre-tokenized TFRecords).
+TEXT_KINDS = ("text", "tsv", "jsonl")
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  kind: str      # text | tsv | tfds | tfrecord
+  kind: str      # text | tsv | jsonl | tfds | tfrecord
   pattern: str   # globs (comma separated), or NAME[/CONFIG] for tfds
-  arg: str = ""  # tsv: field index; tfds: SPLIT:FEATURE
+  arg: str = ""  # tsv: field index; jsonl: field name; tfds: SPLIT:FEATURE
 
 
 def split_named(item: str):
@@ -42,6 +45,12 @@ def parse_spec(spec: str) -> Spec:
     if not m:
       raise DataError(f"bad TSV spec {spec!r}: expected tsv:FIELD:GLOB")
     return Spec("tsv", m.group(2), m.group(1))
+  if spec.startswith("jsonl:"):
+    m = re.match(r"^jsonl:([^:/*?\[\]]+):(.+)$", spec)
+    if not m:
+      raise DataError(f"bad JSON-lines spec {spec!r}: expected jsonl:FIELD:GLOB (FIELD: a top-level key, "
+                      "e.g. jsonl:text:GLOB)")
+    return Spec("jsonl", m.group(2), m.group(1))
   if spec.startswith("text:"):
     spec = spec[len("text:"):]
   if not spec:
@@ -60,6 +69,12 @@ class NamedSpec:
   def owner(self) -> str:
     """How errors name the source: the entry as the user wrote it."""
     return f"{self.name}={self.spec_str}" if self.name else self.spec_str
+
+
+def text_field(kind: str, arg: str):
+  """What the line readers take from a line of a text-kind source: -1 (all of it), a TSV column
+  (int) or a JSON key (str)."""
+  return int(arg) if kind == "tsv" else arg if kind == "jsonl" else -1
 
 
 def parse_named(entries: Sequence[str]) -> list:

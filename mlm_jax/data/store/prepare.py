@@ -23,6 +23,7 @@ import numpy as np
 from array_record.python import array_record_module as ar
 
 from mlm_jax import paths
+from mlm_jax.data import specs
 from mlm_jax.data.specs import list_files, parse_named
 from mlm_jax.data.store import shards
 from mlm_jax.data.store import text_reader
@@ -60,7 +61,7 @@ class Options:
 class Unit:
   source: str   # source name
   index: int    # unit number within the source
-  kind: str     # text | tsv | tfds | tfrecord
+  kind: str     # text | tsv | jsonl | tfds | tfrecord
   input: str    # file path, or TFDS NAME:SPLIT_SLICE:FEATURE
   arg: str = ""
   size: int = 1  # input bytes (progress / ETA)
@@ -139,10 +140,9 @@ class Encoder:
 
 def _documents(unit: Unit, opts: Options, counters):
   """(hash key, [line] or token ids) of the unit's documents, in input order."""
-  if unit.kind in ("text", "tsv"):
-    field = int(unit.arg) if unit.kind == "tsv" else -1
-    for doc in text_reader.documents(unit.input, field, opts.doc_format, opts.max_line_bytes,
-                                     counters):
+  if unit.kind in specs.TEXT_KINDS:
+    for doc in text_reader.documents(unit.input, specs.text_field(unit.kind, unit.arg), opts.doc_format,
+                                     opts.max_line_bytes, counters):
       yield " ".join(doc), doc
   elif unit.kind == "tfrecord":
     import tensorflow as tf

@@ -10,11 +10,12 @@ import zlib
 from typing import Iterator
 
 from mlm_jax import paths
+from mlm_jax.data import jsonl
 from mlm_jax.data.specs import MAX_BLOCK_CHARS
 from mlm_jax.errors import DataError
 
 REPAIRS = ("invalid_utf8_lines", "long_lines_cut", "long_blocks_split", "truncated_files",
-           "empty_files", "empty_docs")
+           "empty_files", "empty_docs", "bad_json_records")
 # Repairs that `strict` does not refuse: blank lines are how text files look.
 _BENIGN = ("empty_docs",)
 
@@ -75,8 +76,9 @@ def _char_boundary(b: bytes) -> int:
   return i
 
 
-def lines(path: str, field: int, max_line_bytes: int, counters: Counters) -> Iterator[str]:
-  """Cleaned lines of one text/TSV file ('' for blank ones)."""
+def lines(path: str, field, max_line_bytes: int, counters: Counters) -> Iterator[str]:
+  """Cleaned lines of one file ('' for blank ones): all of each line (field -1), its TSV column (an
+  int >= 0), or for JSON lines (a str) the lines of each record's field."""
   with open_binary(path) as raw:
     f = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else io.BufferedReader(raw)
     try:
@@ -86,6 +88,9 @@ def lines(path: str, field: int, max_line_bytes: int, counters: Counters) -> Ite
     if not first:
       logging.warning("skipping empty file %s", path)
       counters.add("empty_files", path)
+      return
+    if isinstance(field, str):
+      yield from _json_lines(f, path, field, max_line_bytes, counters)
       return
     for piece, cont in _raw_lines(f, path, max_line_bytes, counters):
       if cont:
@@ -102,7 +107,33 @@ def lines(path: str, field: int, max_line_bytes: int, counters: Counters) -> Ite
       yield text
 
 
-def documents(path: str, field: int, doc_format: str, max_line_bytes: int,
+def _json_lines(f, path: str, field: str, max_line_bytes: int, counters: Counters) -> Iterator[str]:
+  """The lines of each record's `field` (data/jsonl.py), each cut to `max_line_bytes` as a text line is.
+
+  A record is read whole (it is parsed whole): the byte limit applies to the lines of its text.
+  """
+  for n, (piece, _) in enumerate(_raw_lines(f, path, 0, counters), 1):
+    text = piece.decode("utf-8", errors="replace")
+    if "\ufffd" in text and "\ufffd".encode() not in piece:
+      counters.add("invalid_utf8_lines", path, ": invalid UTF-8")
+    got = jsonl.record_lines(text, field)
+    if got is None:
+      counters.add("bad_json_records", path, f": line {n} is not a JSON object with a string {field!r}")
+      continue
+    for line in got:
+      line = line.rstrip("\r").lstrip("\ufeff")
+      data = line.encode("utf-8")
+      if not max_line_bytes or len(data) <= max_line_bytes:
+        yield line
+        continue
+      counters.add("long_lines_cut", path, f": a line over data.max_line_bytes={max_line_bytes}")
+      while data:
+        cut = _char_boundary(data[:max_line_bytes])
+        yield data[:cut].decode("utf-8")
+        data = data[cut:]
+
+
+def documents(path: str, field, doc_format: str, max_line_bytes: int,
               counters: Counters) -> Iterator[list]:
   """Documents of one file, each a list of its non-blank lines (sentences)."""
   block, size = [], 0

@@ -11,10 +11,12 @@ import re
 import zlib
 from typing import Optional, Sequence
 
+import numpy as np
+
 from mlm_jax.config import choices
 from mlm_jax import errors, runtime
-from mlm_jax.data import specs
-from mlm_jax.data.specs import MAX_BLOCK_CHARS, Spec, list_files
+from mlm_jax.data import jsonl, specs
+from mlm_jax.data.specs import MAX_BLOCK_CHARS, TEXT_KINDS, Spec, list_files
 from mlm_jax.data.specs import first_line as _first_line, of_source as _of
 
 tf = runtime.tensorflow()   # for tf.data only, off every GPU
@@ -42,7 +44,7 @@ class Stats:
   """
 
   KEYS = ("empty_docs", "invalid_utf8_lines", "long_docs_split", "long_blocks_split",
-          "long_lines_cut")
+          "long_lines_cut", "bad_json_records")
   BENIGN = ("empty_docs", "long_docs_split")  # how normal text looks: never refused
 
   def __init__(self, strict: bool = False, max_line_bytes: int = 1 << 16):
@@ -164,22 +166,45 @@ def check_files(files: Sequence[str], owner: str, stats: Optional[Stats]) -> lis
   return keep
 
 
-def _clean_lines(lines, field: int, stats: Optional[Stats], path=""):
-  """Batch of raw lines -> valid UTF-8 text without BOM / CR (and the TSV field if asked)."""
+def _clean_lines(lines, field, stats: Optional[Stats], path=""):
+  """Batch of raw lines -> valid UTF-8 text without BOM / CR: all of each line (field -1), its TSV
+  column (an int >= 0) or, for JSON lines (a str), the lines of each record's field."""
   fixed = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace",
                                        replacement_char=0xFFFD)
   if stats is not None:
     with tf.control_dependencies([stats.add("invalid_utf8_lines", tf.reduce_sum(
         tf.cast(tf.not_equal(fixed, lines), tf.int64)), path)]):
       fixed = tf.identity(fixed)
+  if isinstance(field, str):
+    fixed = _json_lines(fixed, field, stats, path)
   fixed = tf.strings.regex_replace(fixed, "^\ufeff|\r+$", "")
-  if field >= 0:
+  if not isinstance(field, str) and field >= 0:
     cols = tf.strings.split(fixed, sep="\t", maxsplit=field + 1).to_tensor("")
     cols = tf.pad(cols, [[0, 0], [0, field + 1]], constant_values="")
     fixed = cols[:, field]
   if stats is not None:
     fixed = _cut_long_lines(fixed, stats, path)
   return fixed
+
+
+def _json_lines(records, field: str, stats: Optional[Stats], path):
+  """Vector of JSON-lines records -> the lines of their `field` (data/jsonl.py); bad records counted."""
+  def parse(batch):
+    out, bad = [], 0
+    for raw in batch:
+      got = jsonl.record_lines(raw.decode("utf-8"), field)
+      if got is None:
+        bad += 1
+      else:
+        out += [line.encode("utf-8") for line in got]
+    return np.array(out, dtype=object), np.int64(bad)
+
+  lines, bad = tf.numpy_function(parse, [records], [tf.string, tf.int64], stateful=False)
+  lines = tf.ensure_shape(lines, [None])
+  if stats is None:
+    return lines
+  with tf.control_dependencies([stats.add("bad_json_records", bad, path)]):
+    return tf.identity(lines)
 
 
 def _cut_long_lines(lines, stats: Stats, path):
@@ -198,7 +223,7 @@ def _cut_long_lines(lines, stats: Stats, path):
     return tf.cond(tf.reduce_any(pieces > 1), cut, lambda: tf.identity(lines))
 
 
-def _line_batches(field: int, stats: Optional[Stats]):
+def _line_batches(field, stats: Optional[Stats]):
   """path -> dataset of cleaned line vectors (work per batch: per-element tf.data costs ~µs).
 
   After the last line of a .gz file, `stats.check_gzip` reads it once more to find a missing
@@ -261,11 +286,11 @@ def _group_blank_lines(line_batches, stats: Optional[Stats]):
 
 
 def text_lines(spec: Spec, owner: str = "") -> tf.data.Dataset:
-  """All cleaned non-empty lines of a text/TSV source, in file order (tokenizer training)."""
-  if spec.kind not in ("text", "tsv"):
+  """All cleaned non-empty lines of a text/TSV/JSON-lines source, in file order (tokenizer training)."""
+  if spec.kind not in TEXT_KINDS:
     raise DataError(f"source {owner or spec.pattern!r} is {spec.kind}, not text: cannot read lines")
   files = check_files(list_files(spec.pattern, owner), owner, None)
-  field = int(spec.arg) if spec.kind == "tsv" else -1
+  field = specs.text_field(spec.kind, spec.arg)
   ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string))
   ds = ds.flat_map(_line_batches(field, None))
   return ds.map(as_written(lambda b: tf.boolean_mask(b, tf.logical_not(_is_blank(b))))).unbatch()
@@ -339,8 +364,7 @@ class Source(specs.NamedSpec):
       else:
         # Text stays in vectors of lines / documents up to the final unbatch: per-element
         # tf.data overhead would otherwise cost more than reading and cleaning the text.
-        field = int(self.spec.arg) if self.spec.kind == "tsv" else -1
-        line_batches = _line_batches(field, stats)
+        line_batches = _line_batches(specs.text_field(self.spec.kind, self.spec.arg), stats)
         if doc_format == "blank_line":
           read = as_written(lambda f: _group_blank_lines(line_batches(f), stats))
         else:

@@ -43,7 +43,7 @@ def language_groups(inputs: Union[Sequence[str], Mapping[str, str]]) -> dict:
       continue
     parsed = specs.parse_spec(spec)
     kind, pattern = parsed.kind, parsed.pattern
-    if kind not in ("text", "tsv"):
+    if kind not in specs.TEXT_KINDS:
       groups.setdefault(spec, []).append(spec)
       continue
     for path in specs.list_files(pattern, owner=spec):
@@ -83,7 +83,8 @@ def train(inputs: Union[Sequence[str], Mapping[str, str]],
   """Trains a sentencepiece model with language-balanced sampling; returns it loaded.
 
   Args:
-    inputs: corpora, see `language_groups` (specs as in `data.sources`: text globs, `tsv:FIELD:GLOB`).
+    inputs: corpora, see `language_groups` (specs as in `data.sources`: text globs, `tsv:FIELD:GLOB`,
+      `jsonl:FIELD:GLOB`).
     out_prefix: writes `<out_prefix>.model`, `.vocab` and `.special_ids.json`.
     vocab_size: total size including every special token.
     layout: 'xlmr' (also RoBERTa) or 'bert'.
