@@ -72,6 +72,7 @@ at 1e-3, now `--config.optimizer.learning_rate=1e-3`): `:bf16,hour,mask30` seeds
 min): all pairs 61.35 / 60.82 / 60.73% against 60.8 / 60.5 / 59.8 at 1e-3, held-out 3.16 / 3.24 / 3.12 against 3.16 /
 3.29 / 3.18; mean 60.97%, +0.6 on the same seeds, 0.23 below the 5-gram row. 3e-3 (seed 0): 59.12%, held-out 3.19.
 A mask rate falling from 30% to 15% over the hour (seed 0, 2e-3): 61.10% against 61.35 at 30%; not adopted.
+40% at the same FLOPs (13585 steps, seed 0, 2e-3): 60.61%; not adopted.
 `:timed` at 2e-3: not measured.
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
