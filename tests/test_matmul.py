@@ -15,6 +15,7 @@ from mlm_jax.errors import ConfigError
 from mlm_jax.model import matmul, sharding
 from mlm_jax.objectives import sparse_loss
 from mlm_jax.objectives.mlm import MLM
+from mlm_jax.runtime import cpu_features
 from mlm_jax.training import resolve, trainer as trainer_lib
 
 from test_step import batch, tiny_config  # noqa: F401 - the module's real-text batch fixture
@@ -87,6 +88,27 @@ def test_auto_is_f32_out_on_cpu_below_float32_only():
   # the run's config says what its step does (the AOT tool compiles for TPU on a CPU host)
   assert resolve.resolve_for_compile(c, "cpu").config.model.matmul == "f32_out"
   assert resolve.resolve_for_compile(c, "tpu").config.model.matmul == "xla"
+
+
+ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n"   # /proc/cpuinfo's form
+ZEN4 = "flags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n"
+SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+NEOVERSE_V1 = "Features\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_bf16_instructions_and_the_warning_for_a_cpu_without_them():
+  assert [cpu_features.bf16_instructions(t) for t in (ZEN3, ZEN4, SAPPHIRE_RAPIDS, NEOVERSE_V1, "")] == [
+      "", "AVX512-BF16", "AMX-BF16 / AVX512-BF16", "Arm BF16", None]
+  c = tiny_config()
+  assert matmul.cpu_dtype_warning(c.model, "cpu", ZEN3) == ""   # float32
+  c.model.dtype = "bfloat16"
+  warning = matmul.cpu_dtype_warning(c.model, "cpu", ZEN3)
+  assert warning.startswith("model.dtype=bfloat16 on a CPU without AVX512-BF16") and "float32" in warning
+  assert "\n" not in warning
+  # a CPU that has them, one that cannot say, and an accelerator: nothing to say
+  assert [matmul.cpu_dtype_warning(c.model, p, t) for p, t in (("cpu", ZEN4), ("cpu", SAPPHIRE_RAPIDS),
+                                                                 ("cpu", NEOVERSE_V1), ("cpu", ""),
+                                                                 ("gpu", ZEN3))] == [""] * 5
 
 
 def _step(c, devices, batch):

@@ -143,6 +143,7 @@ def train_main(argv):
   import jax
   from mlm_jax.model import flops, sharding
   from mlm_jax.objectives import masking
+  from mlm_jax.runtime import cpu_features
 
   if os.environ.get("JAX_PLATFORMS") == "cpu" and args.devices > 1:
     runtime.use_cpu_devices(args.devices)   # as the training binary does with config.cpu_devices
@@ -174,6 +175,7 @@ def train_main(argv):
       mfu=flops.mfu(tokens_per_sec, fpt, peak), dtype_peak_tflops=dtype_peak / 1e12,
       dtype_mfu=flops.mfu(tokens_per_sec, fpt, dtype_peak), final_loss=r["loss"],
       allocator=allocator, xla_flags=os.environ.get("XLA_FLAGS", ""),
+      cpu_bf16_instructions=cpu_features.bf16_instructions() if devices[0].platform == "cpu" else None,
       page_faults_per_step=r["faults"] / args.steps, versions=dict(jax=jax.__version__),
   )
   print(json.dumps(result))

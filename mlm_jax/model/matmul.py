@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from mlm_jax.config import choices
+from mlm_jax.runtime import cpu_features
 
 MODES = choices.CHOICES["model.matmul"]
 # config.json files written before the field lack it and mean this value (workdir/migrate.py).
@@ -36,6 +37,18 @@ def resolve(cfg: ml_collections.ConfigDict, platform: str) -> str:
   """`model.matmul` for `platform` ('cpu', 'gpu', 'tpu': the mesh's; training/resolve.py writes it into the
   run's resolved config): `auto` is f32_out on CPU for a model computing in less than float32, else xla."""
   return _resolve(cfg.matmul, cfg.dtype, platform)
+
+
+def cpu_dtype_warning(cfg: ml_collections.ConfigDict, platform: str, cpuinfo: str | None = None) -> str:
+  """One line for a bfloat16 model on a CPU without bfloat16 dot instructions, where float32 is faster (bfloat16
+  ran at 0.59-0.98x float32's tokens/s from the recipe to base on an AVX2-only Zen 3 VM); '' elsewhere, or where
+  the CPU cannot say (`cpuinfo`: /proc/cpuinfo's text, the host's by default). A warning, not an error: the
+  run is correct in bfloat16, only slower."""
+  if platform != "cpu" or jnp.dtype(cfg.dtype) != jnp.bfloat16 or cpu_features.bf16_instructions(cpuinfo) != "":
+    return ""
+  return ("model.dtype=bfloat16 on a CPU without AVX512-BF16, AMX-BF16 or Arm BF16: its bfloat16 matmuls "
+          "run slower than float32 here (docs/performance.md#a-cpu-without-bfloat16-instructions); "
+          "--config.model.dtype=float32 is the faster choice on this CPU")
 
 
 def _resolve(mode: str, dtype, platform: str) -> str:

@@ -123,6 +123,8 @@ def bind_platform(config: ml_collections.ConfigDict, platform: str, objective: t
       config.model.attention_impl, why = "xla", f"xla, since {name} cannot use it: {e}"
   logging.info("attention: %s", why)
   config.model.matmul = matmul.resolve(config.model, platform)
+  if warning := matmul.cpu_dtype_warning(config.model, platform):
+    logging.warning("%s", warning)
   for tower in towers.values():
     tower.matmul = matmul.resolve(tower, platform)
   if objective is not None:
