@@ -20,9 +20,11 @@ Speed (`python tools/benchmark.py train --config=configs/en_cpu_hour.py [--dtype
 2-core Zen 5 VM with AVX512-BF16, float32 matmul peak 441 GFLOP/s, other jobs at loads 4-5): float32 6800
 tokens/s (MFU 20%; 8963 tokens/s, MFU 27%, alone on the VM), `:bf16` 10432 tokens/s (MFU 32% of the float32
 peak): bfloat16 matmuls with float32 results, float32 weights (model.matmul); its loss follows float32's
-(300 steps: held-out 6.367 against 6.372). docs/performance.md#the-recipes-step. The whole recipe with
-`:bf16` (seed 0, 2026-12-04, idle VM): 21m45s with its tokenizer, 21.3k tokens/s (median of the log lines,
-MFU 26-29% of the float32 peak), held-out loss 3.51, BLiMP --fast 56.0% (token PLL; whole_word 55.5,
+(300 steps: held-out 6.367 against 6.372). docs/performance.md#the-recipes-step. Without bfloat16 instructions
+(a Zen 3 VM, AVX2 only) `:bf16` is slower: 0.67-0.98x float32's 5072-7811 tokens/s there (MFU 46-71% of its
+146 GFLOP/s float32 peak; docs/performance.md#a-cpu-without-bfloat16-instructions): run float32 there.
+The whole recipe with `:bf16` (seed 0, 2026-12-04, idle VM): 21m45s with its tokenizer, 21.3k tokens/s (median
+of the log lines, MFU 26-29% of the float32 peak), held-out loss 3.51, BLiMP --fast 56.0% (token PLL; whole_word 55.5,
 word_l2r 56.0); seed 1: 20m46s, held-out 3.69, BLiMP --fast 55.1%; seed 2: 22m24s, held-out 3.46, 53.9%.
 `:bf16,hour` spends the aim's hour (60 minutes of the idle VM, tokenizer included): 16000 steps, 65.5M tokens, 8/3
 of the recipe's; seed 0 (2026-12-04, idle VM): 53m08s with its tokenizer, 22.2k tokens/s (median; MFU 26-30%),

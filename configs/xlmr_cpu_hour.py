@@ -15,7 +15,8 @@ of the rows (proportional, alpha 1: 66 / 26 / 11 / 5%). A 16000-piece unigram to
 the same four sources, sampled with alpha 0.3 (WORKDIR/tokenizer, ~2 min).
 Model: the XLM-R layout at 4 layers x 192 (3 heads, FFN 768, no dropout; en_cpu_hour.py's encoder),
 128-token rows packed with segment ids, dynamic masking at 15%, AdamW (lr 1e-3, 5% warmup, linear decay to
-0), bfloat16 matmuls with float32 weights (model.matmul; `:f32` for a CPU without AVX512-BF16 or AMX),
+0), bfloat16 matmuls with float32 weights (model.matmul; `:f32` for a CPU without AVX512-BF16 or AMX, where
+bfloat16 is slower and the run's first lines warn so),
 9000 steps of 32 x 128 = 36.9M tokens; CLAMS (64 pairs a language) and BLiMP (10 pairs a paradigm)
 probed every 1500 steps, the held-out loss of each language every 1000.
 Hardware: 2 CPU cores, no accelerator. Time: 35m54s on the idle 2-core VM (AVX512-BF16), 18-19.5k tokens/s,
