@@ -8,7 +8,7 @@ import pytest
 
 from mlm_jax import runtime
 from mlm_jax.runtime import log_setup
-from subproc import REPO, cpu_env
+from subproc import REPO, TEST_XLA_FLAGS, cpu_env
 
 # A jitted function whose two 64 MiB temporaries XLA allocates from its worker threads on every
 # call (cheap: 4 GFLOP): the page faults per call show whether that memory went back to the OS.
@@ -154,7 +154,7 @@ def test_cpu_steps_are_scheduled_for_memory_unless_the_user_says_otherwise():
   procs = [subprocess.Popen([sys.executable, "-c", _SCHEDULE_PROBE], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True) for env in envs]
   (ours_flags, ours), (user_flags, theirs) = [json.loads(_last_line(p)) for p in procs]
-  assert ours_flags == "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+  assert ours_flags == f"{TEST_XLA_FLAGS} --xla_cpu_enable_concurrency_optimized_scheduler=false"
   assert user_flags == user
   assert ours < 0.95 * theirs, (ours, theirs)
 

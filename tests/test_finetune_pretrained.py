@@ -41,7 +41,7 @@ def pretrained_workdir(shared_data, tmp_path_factory):
          "--config.train.steps=200",
          "--config.train.eval_every=1000", "--config.train.eval_batches=1", "--config.train.save_every=200",
          "--config.train.log_every=50", "--config.train.peak_tflops_per_device=0.1"]
-  p = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=900)
+  p = subprocess.run(cmd, cwd=REPO, env=cpu_env(quick_compile=False), capture_output=True, text=True, timeout=900)
   assert p.returncode == 0, p.stderr[-3000:]
   return wd
 
@@ -54,7 +54,7 @@ def _finetune_cmd(workdir, init_from, *extra):
 
 def test_pretrained_beats_random_init_on_sms_spam(pretrained_workdir, tmp_path):
   runs = {"pretrained": [], "random": ["--config.random_init=True"]}
-  procs = {name: subprocess.Popen(_finetune_cmd(tmp_path / name, pretrained_workdir, *extra), cwd=REPO, env=cpu_env(),
+  procs = {name: subprocess.Popen(_finetune_cmd(tmp_path / name, pretrained_workdir, *extra), cwd=REPO, env=cpu_env(quick_compile=False),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
            for name, extra in runs.items()}
   acc, logs = {}, {}
