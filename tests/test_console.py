@@ -27,7 +27,8 @@ def _demo(workdir, *extra) -> tuple:
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS",
                                                             "TF_ENABLE_ONEDNN_OPTS")}
   cmd = [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
-         "--config.tokenizer.vocab_size=1000", "--config.train.steps=2", "--config.train.log_every=1",
+         "--config.tokenizer.vocab_size=1000", "--config.tokenizer.input_sentence_size=400",
+         "--config.train.steps=2", "--config.train.log_every=1",
          "--config.train.eval_every=2", "--config.train.eval_batches=1", "--config.train.peak_tflops_per_device=0.1",
          *extra]
   path = f"{workdir}.stderr"

@@ -11,9 +11,13 @@ from mlm_jax.errors import ConfigError
 from subproc import REPO, cpu_env
 
 
-def _demo(workdir, *extra) -> str:
+def _demo(workdir, data, *extra) -> str:
+  """The demo recipe on the session's corpus and tokenizer (the same for both runs, so that they differ only in
+  their devices)."""
+  corpus, spm = data
   cmd = [sys.executable, "-m", "mlm_jax.train", "--config=configs/demo.py", f"--workdir={workdir}",
-         "--config.tokenizer.vocab_size=1000", "--config.train.steps=3", "--config.train.log_every=1",
+         "--config.demo_corpus=False", f"--config.data.sources=('docs={corpus}',)", f"--config.data.tokenizer={spm}",
+         "--config.train.steps=3", "--config.train.log_every=1",
          "--config.train.eval_every=3", "--config.train.eval_batches=1", "--config.train.save_every=3", *extra]
   p = subprocess.run(cmd, cwd=REPO, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                      timeout=600)
@@ -21,10 +25,9 @@ def _demo(workdir, *extra) -> str:
   return p.stdout
 
 
-def test_two_cpu_devices_shard_the_batch_and_train_the_same_steps(tmp_path):
-  one = _demo(tmp_path / "one")
-  # the same tokenizer, so that the two runs differ only in their devices
-  two = _demo(tmp_path / "two", "--config.cpu_devices=2", f"--config.data.tokenizer={tmp_path}/one/tokenizer/spm.model")
+def test_two_cpu_devices_shard_the_batch_and_train_the_same_steps(tmp_path, corpus_and_tokenizer):
+  one = _demo(tmp_path / "one", corpus_and_tokenizer)
+  two = _demo(tmp_path / "two", corpus_and_tokenizer, "--config.cpu_devices=2")
   meshes = [re.search(r"mesh \{'data': (\d+)", log).group(1) for log in (one, two)]
   assert meshes == ["1", "2"], meshes
   # the binary re-executes itself under mimalloc; its schedule is still the one for several devices
