@@ -54,7 +54,8 @@ def _finetune_cmd(workdir, init_from, *extra):
 
 def test_pretrained_beats_random_init_on_sms_spam(pretrained_workdir, tmp_path):
   runs = {"pretrained": [], "random": ["--config.random_init=True"]}
-  procs = {name: subprocess.Popen(_finetune_cmd(tmp_path / name, pretrained_workdir, *extra), cwd=REPO, env=cpu_env(quick_compile=False),
+  env = cpu_env(quick_compile=False)
+  procs = {name: subprocess.Popen(_finetune_cmd(tmp_path / name, pretrained_workdir, *extra), cwd=REPO, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
            for name, extra in runs.items()}
   acc, logs = {}, {}
