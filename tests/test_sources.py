@@ -17,8 +17,7 @@ def _docs(spec, **kw):
   ds = src.documents(stats=stats, **kw)
   if src.tokenized:
     return [d.tolist() for d in ds.as_numpy_iterator()]
-  # Batched: per-element Python iteration costs more than reading the text.
-  return [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+  return [d.decode("utf-8") for d in sources.numpy_elements(ds)]
 
 
 def _lines(path, field=None):
@@ -161,6 +160,31 @@ def test_tfrecord_source_and_hosts(tmp_path):
   parts = [_docs(f"tfrecord:{tmp_path}/tok-*.tfrecord", process_index=i, process_count=2)
            for i in range(2)]
   assert sorted(parts[0] + parts[1]) == sorted(docs) and all(parts)
+
+
+def test_a_store_prepared_from_tfrecords_and_tfds_holds_every_document_in_input_order(
+    tfds_dir, corpus_and_tokenizer, tmp_path):
+  """prepare_data reads TFRecord and TFDS sources in blocks (sources.READ_BLOCK): every record of a file
+  of a block and a part, in order, and every TFDS example's text, tokenized, in the split's order."""
+  import numpy as np
+  from mlm_jax.data.store import prepare, shards
+  from mlm_jax.data.tokenizers import load as tokenizer_load
+  rng = np.random.default_rng(0)
+  docs = [rng.integers(5, 1000, rng.integers(1, 12)).tolist() for _ in range(sources.READ_BLOCK + 500)]
+  with tf.io.TFRecordWriter(str(tmp_path / "ids.tfrecord")) as w:
+    for ids in docs:
+      w.write(tf.train.Example(features=tf.train.Features(feature={
+          "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids))})).SerializeToString())
+  opts = prepare.Options(sources=(f"ids=tfrecord:{tmp_path}/ids.tfrecord", "es=tfds:mlm_jax_tiny_text:train:text"),
+                         tokenizer=corpus_and_tokenizer[1], eval_percent=0.0, tfds_data_dir=tfds_dir)
+  prepare.prepare(opts, str(tmp_path / "store"), progress_s=1e9, log=lambda s: None)
+  store = shards.Store(str(tmp_path / "store"))
+  held = lambda name: [d.ids.tolist() for d in store.read(name, "train", np.arange(store.lengths(name, "train").size))]
+  assert held("ids") == docs
+  tok = tokenizer_load.load(corpus_and_tokenizer[1])
+  texts = [ex["text"].decode() for ex in tfds.builder("mlm_jax_tiny_text", data_dir=tfds_dir).as_dataset(
+      split="train").as_numpy_iterator()]
+  assert len(texts) == 300 and held("es") == [tok.encode(t) for t in texts]
 
 
 # ------------------------------------------------------------------------------------------

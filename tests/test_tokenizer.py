@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from mlm_jax.data.text import sources
 from mlm_jax.data.tokenizers import base as tokenizer_base
 from mlm_jax.data.tokenizers import load as tokenizer_load
 from mlm_jax.data.tokenizers import spm_training
@@ -131,19 +132,19 @@ def test_language_weights_follow_alpha(xlmr_tok):
 
 
 def test_the_training_read_keeps_every_line_in_order_across_its_blocks(shared_data):
-  """The tokenizer's inputs are read in blocks of lines (spm_training._READ_BLOCK): every line of a 10,000-line
+  """The tokenizer's inputs are read in blocks of lines (sources.READ_BLOCK): every line of a 10,000-line
   file (blocks of 4,096 and a part), in order, against the file read directly; below the cap a uniform sample."""
   import random
   path = shared_data / "corpus/en/leipzig/eng_news-typical_2016_10K-sentences.txt.gz"
   with gzip.open(path, "rt", encoding="utf-8") as f:
     want = [line.rstrip("\n").split("\t")[1].strip() for line in f]
   want = [line for line in want if line]
-  assert len(want) > 2 * spm_training._READ_BLOCK
+  assert len(want) > 2 * sources.READ_BLOCK
   n, kept = spm_training._reservoir([f"tsv:1:{path}"], 10**6, random.Random(0))
   assert n == len(want) and kept == want
   n, sample = spm_training._reservoir([f"tsv:1:{path}"], 100, random.Random(0))
   assert n == len(want) and len(sample) == 100 and set(sample) <= set(want)
-  assert sum(want.index(line) >= 2 * spm_training._READ_BLOCK for line in sample) > 5   # the last block is drawn
+  assert sum(want.index(line) >= 2 * sources.READ_BLOCK for line in sample) > 5   # the last block is drawn
 
 
 @pytest.mark.parametrize("which", ["xlmr_tok", "bert_tok"])

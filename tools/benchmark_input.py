@@ -116,7 +116,7 @@ def _documents(cfg) -> list:
   docs = []
   for src in sources.parse_sources(cfg.sources):
     ds = src.documents(doc_format=cfg.doc_format)
-    docs += [d.decode("utf-8") for b in ds.batch(4096).as_numpy_iterator() for d in b]
+    docs += [d.decode("utf-8") for d in sources.numpy_elements(ds)]
   return docs
 
 

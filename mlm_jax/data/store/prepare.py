@@ -145,18 +145,19 @@ def _documents(unit: Unit, opts: Options, counters):
                                      opts.max_line_bytes, counters):
       yield " ".join(doc), doc
   elif unit.kind == "tfrecord":
-    import tensorflow as tf
+    from mlm_jax.data.text.sources import numpy_elements, tf
     gz = unit.input.endswith(".gz")
-    for rec in tf.data.TFRecordDataset(unit.input, "GZIP" if gz else "").as_numpy_iterator():
+    for rec in numpy_elements(tf.data.TFRecordDataset(unit.input, "GZIP" if gz else "")):
       ex = tf.train.Example.FromString(rec)
       yield rec, np.asarray(ex.features.feature["input_ids"].int64_list.value, np.int64)
   else:
     import tensorflow_datasets as tfds
+    from mlm_jax.data.text.sources import numpy_elements
     name, rest = unit.input.split(":", 1)
     part, feature = rest.rsplit(":", 1)   # the split slice has a colon of its own: train[0%:6%]
     ds = tfds.builder(name, data_dir=opts.tfds_data_dir or None).as_dataset(split=part)
-    for ex in ds.as_numpy_iterator():
-      text = ex[feature].decode("utf-8", errors="replace").lstrip("\ufeff").replace("\r", "")
+    for raw in numpy_elements(ds.map(lambda ex: ex[feature])):   # the text feature alone: scalars batch
+      text = raw.decode("utf-8", errors="replace").lstrip("\ufeff").replace("\r", "")
       doc = [line for line in text.split("\n") if line.strip()]
       if doc:
         yield " ".join(doc), doc

@@ -22,9 +22,20 @@ from mlm_jax.data.specs import first_line as _first_line, of_source as _of
 tf = runtime.tensorflow()   # for tf.data only, off every GPU
 
 _READ_BATCH = 256  # lines cleaned per vectorised op (per-line ops cost more than the work)
+READ_BLOCK = 4096  # elements a tf.data batch hands Python at once (numpy_elements)
 
 
 DataError = errors.DataError
+
+
+def numpy_elements(ds, block: int = READ_BLOCK):
+  """The elements of `ds` (a tf.data dataset of scalars) as numpy values, in order, for a Python loop.
+
+  Read in blocks: tf.data hands Python one element in ~170-200 us, an element of a block in ~15 us, so a
+  loop over lines or records runs ~10x faster (docs/tokenizers.md, docs/token_store.md#measured-speed).
+  """
+  for values in ds.batch(block).as_numpy_iterator():
+    yield from values
 
 
 def as_written(fn):

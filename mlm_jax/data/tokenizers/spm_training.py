@@ -24,7 +24,6 @@ from mlm_jax.errors import DataError
 
 # Lines longer than this (bytes) are cut before training: sentencepiece silently drops them.
 _MAX_TRAIN_LINE_BYTES = 16384
-_READ_BLOCK = 4096              # lines a tf.data element holds while the tokenizer reads its inputs
 
 
 def language_groups(inputs: Union[Sequence[str], Mapping[str, str]]) -> dict:
@@ -195,22 +194,19 @@ def _reservoir(group, cap, rng):
   n, keep = 0, []
   for spec in group:
     ds = sources.text_lines(specs.parse_spec(spec), owner=spec)
-    # In blocks of lines: tf.data hands Python one element in ~170 us, a line of a block in ~13 us (12x the
-    # lines a second; the same lines in the same order, so the same sample).
-    for block in ds.batch(_READ_BLOCK).as_numpy_iterator():
-      for raw in block:
-        line = raw.decode("utf-8").strip()
-        if not line:
-          continue
-        if len(raw) > _MAX_TRAIN_LINE_BYTES:
-          line = raw[:_MAX_TRAIN_LINE_BYTES].decode("utf-8", errors="ignore").strip()
-        n += 1
-        if len(keep) < cap:
-          keep.append(line)
-        else:
-          j = rng.randrange(n)
-          if j < cap:
-            keep[j] = line
+    for raw in sources.numpy_elements(ds):   # the same lines in the same order, 12x faster than one by one
+      line = raw.decode("utf-8").strip()
+      if not line:
+        continue
+      if len(raw) > _MAX_TRAIN_LINE_BYTES:
+        line = raw[:_MAX_TRAIN_LINE_BYTES].decode("utf-8", errors="ignore").strip()
+      n += 1
+      if len(keep) < cap:
+        keep.append(line)
+      else:
+        j = rng.randrange(n)
+        if j < cap:
+          keep[j] = line
   return n, keep
 
 
