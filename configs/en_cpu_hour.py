@@ -77,6 +77,9 @@ A mask rate falling from 30% to 15% over the hour (seed 0, 2e-3): 61.10% against
 40% at the same FLOPs (13585 steps, seed 0, 2e-3): 60.61%; not adopted.
 `:mask30,timed` at 2e-3 in float32 on a 2-core Zen 3 VM without bfloat16 instructions (seed 0, 2026-12-06): 3749
 steps fitted (0.859 s a step), 56m55s with its tokenizer, held-out 3.69 at 30% on the books, BLiMP --fast 55.3%.
+Model shape there (seed 0, 2026-12-07; --config.model.num_layers / hidden_size / num_heads / intermediate_size):
+8 x 128 (2 heads, FFN 512), 4900 steps fitted, 68 min, --fast 55.4%; 4 x 128 (2 heads, FFN 512, half the FLOPs a
+token), 6019 steps, 52 min, held-out 3.64, --fast 56.9% (+1.6 on one seed; docs/quality.md); not yet the default.
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
