@@ -152,11 +152,11 @@ def _documents(unit: Unit, opts: Options, counters):
       yield rec, np.asarray(ex.features.feature["input_ids"].int64_list.value, np.int64)
   else:
     import tensorflow_datasets as tfds
-    from mlm_jax.data.text.sources import numpy_elements
+    from mlm_jax.data.text.sources import as_written, numpy_elements
     name, rest = unit.input.split(":", 1)
     part, feature = rest.rsplit(":", 1)   # the split slice has a colon of its own: train[0%:6%]
     ds = tfds.builder(name, data_dir=opts.tfds_data_dir or None).as_dataset(split=part)
-    for raw in numpy_elements(ds.map(lambda ex: ex[feature])):   # the text feature alone: scalars batch
+    for raw in numpy_elements(ds.map(as_written(lambda ex: ex[feature]))):   # the text feature alone: scalars batch
       text = raw.decode("utf-8", errors="replace").lstrip("\ufeff").replace("\r", "")
       doc = [line for line in text.split("\n") if line.strip()]
       if doc:
