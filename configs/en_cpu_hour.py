@@ -46,8 +46,9 @@ the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34
 the 1/4 rung); `:short` is a quarter of the steps (the ladder's 1/4 rung); `:bf16` computes in bfloat16; they
 combine: `:short,mask30`, `:bf16,hour,mask30`.
 `:timed` is the hour by the clock of the machine that runs it (`train.time_budget_minutes=60`, tokenizer included;
-docs/resume.md#a-time-budget): the hour's warmup, then the steps that fit, decided once at step 101 (at most twice
-the hour's), so the decay ends in the 60th minute on a slower VM or a faster one: `:bf16,mask30,timed`. Seed 0
+docs/resume.md#a-time-budget): the hour's warmup, then the steps that fit, decided at step 101 and planned again
+when the VM's speed drifts (at most twice the hour's), so the decay ends in the 60th minute on a slower VM or a
+faster one: `:bf16,mask30,timed`. Seed 0
 (2026-12-06, the Intel VM, idle): 10399 steps fitted (0.308 s a step at the decision), 55m41s with its tokenizer
 (the VM ran 15% faster in the second half), held-out 3.29 at 30% on the books, all pairs 60.0% (the fixed
 14472 steps: 60.8%, 70 minutes there).

@@ -1,5 +1,6 @@
 """train.time_budget_minutes: the plan against a direct count, and real runs of the loop whose decided
-steps train exactly what a plain run of that many steps trains, across a stop and a resume."""
+steps train exactly what a plain run of that many steps trains, across a stop and a resume; a plan made
+again when the speed drifts (its schedule stretched), recorded and repeated by a resume."""
 import json
 import subprocess
 import sys
@@ -38,6 +39,40 @@ def test_the_plan_is_the_last_end_that_fits_counted_step_by_step(costs):
     assert time_budget.seconds_to(end, at, costs) == pytest.approx(_direct_seconds(end, at, costs))
 
 
+def test_a_stretched_schedule_spreads_what_is_left_over_the_new_steps():
+  import jax.numpy as jnp
+  import ml_collections
+  from mlm_jax.training import optim
+  o = ml_collections.ConfigDict(dict(schedule="linear", warmup_steps=10, learning_rate=1.0, end_lr_ratio=0.0))
+  base = optim.make_schedule(o, 100)
+  lr = lambda f, s: float(f(jnp.asarray(s, jnp.int32 if isinstance(s, int) else jnp.float32)))
+  assert time_budget.stretch(base, 100, []) is base
+  plans = [(40, 70), (55, 90)]   # slower: 100 -> 70 steps at step 40; faster again: 70 -> 90 at step 55
+  f = time_budget.stretch(base, 100, plans)
+  for s in range(0, 41):
+    assert lr(f, s) == pytest.approx(lr(base, s), abs=1e-6)   # the steps trained before the first plan
+  # step 40 stands at 40 of 100: 60 left over 30 steps (2 a step); step 55 then at 70: 30 left over 35 steps
+  for s in range(41, 91):
+    virtual = 40 + 2 * (s - 40) if s <= 55 else 70 + 30 / 35 * (s - 55)
+    assert lr(f, s) == pytest.approx(lr(base, virtual), abs=1e-5), s
+  assert lr(f, 90) == pytest.approx(0.0, abs=1e-6) and lr(f, 95) == pytest.approx(0.0, abs=1e-6)
+  assert all(lr(f, s) > lr(f, s + 1) for s in range(10, 90))   # still decaying, and only at its end to 0
+
+
+def test_the_steps_are_planned_again_only_when_the_end_misses_by_more_than_the_tolerance():
+  costs = dict(step=1.0, eval=(10, 5.0))
+  budget, at, end, cap = 1000.0, 100, 400, 800
+  on_time = time_budget.seconds_to(end, at, costs)
+  tol = time_budget.TOLERANCE * budget
+  for left in (on_time, on_time + 0.9 * tol, on_time - 0.9 * tol):
+    assert time_budget.replan(left, budget, at, end, cap, costs, 0.0) is None, left
+  for left, compile_s in ((on_time - 2 * tol, 0.0), (on_time + 2 * tol, 0.0), (on_time + 2 * tol, 7.0), (5.0, 0.0)):
+    steps = time_budget.replan(left, budget, at, end, cap, costs, compile_s)
+    assert steps == time_budget.plan(left - compile_s, at, at + 1, cap, costs) and steps != end, left
+  assert time_budget.replan(1e9, budget, at, end, cap, costs, 0.0) == cap   # at most the cap
+  assert time_budget.replan(1e9, budget, at, cap, cap, costs, 0.0) is None  # at the cap already: nothing new
+
+
 def test_the_decision_must_fall_inside_the_warmup():
   import ml_collections
   train = ml_collections.ConfigDict(dict(budget_calibration_steps=100))
@@ -63,14 +98,18 @@ from mlm_jax.model import sharding
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
 
 
-def run(workdir, budget=0.0, steps=24, stop=0):
+def run(workdir, budget=0.0, steps=24, stop=0, replan=True, record=None):
+  if record is not None:   # a decision recorded by an earlier run of the workdir (or a copy of its record)
+    os.makedirs(workdir, exist_ok=True)
+    with open(f"{workdir}/time_budget.json", "w") as f:
+      json.dump(record, f)
   c = default_config()
   c.model.update(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                  max_position_embeddings=16)
   c.data.seq_len = 16
   c.optimizer.update(warmup_steps=8, learning_rate=1e-2)
   c.train.update(steps=steps, batch_size=4, log_every=1, eval_every=6, save_every=4, stop_at_step=stop,
-                 time_budget_minutes=budget, budget_calibration_steps=3)
+                 time_budget_minutes=budget, budget_calibration_steps=3, budget_replan=replan)
   r = resolve.resolve_for_compile(c)
   trainer = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh), r.objective)
   norm = lambda params, step: {"eval_norm": float(sum((x ** 2).sum() for x in jax.tree.leaves(params)))}
@@ -84,8 +123,19 @@ run(f"{root}/plain8", steps=8)
 run(f"{root}/ample", budget=60.0, stop=12)        # decides the cap, then stops at step 12
 run(f"{root}/ample", budget=60.0)                 # and resumes to the decided end
 run(f"{root}/plain24")
+# Decided 400 steps, then the machine is too slow for any of them: at the first log line after the warmup (8)
+# the steps are planned again, to the fewest (9), on any machine (the budget is spent at the process's start).
+slow = dict(steps=400, decided_at_step=4, cap=400, budget_minutes=1e-5)
+run(f"{root}/drift", budget=1e-5, steps=400, record=slow)
+run(f"{root}/kept", budget=1e-5, steps=400, stop=12, replan=False, record=slow)
+# A record that planned 400 -> 20 steps at step 12, run through, and stopped at 10 and resumed (an ample budget:
+# no plan of their own).
+planned = dict(slow, steps=20, decided_steps=400, replans=[dict(at_step=12, steps=20)])
+run(f"{root}/planned", budget=60.0, steps=400, record=planned)
+run(f"{root}/resumed", budget=60.0, steps=400, stop=10, record=planned)
+run(f"{root}/resumed", budget=60.0, steps=400)
 out = {}
-for name in ("spent", "plain8", "ample", "plain24"):
+for name in ("spent", "plain8", "ample", "plain24", "drift", "kept", "planned", "resumed"):
   lines = [json.loads(l) for l in open(f"{root}/{name}/metrics.jsonl")]
   out[name] = {str(l["step"]): l["loss"] for l in lines if "loss" in l}
 print(json.dumps(out))
@@ -128,6 +178,35 @@ def test_an_ample_budget_takes_the_cap_and_a_resume_keeps_the_decision(budget_ru
   assert evals == [4, 6, 12, 18, 24]   # the timed evaluation at the decision, then the cadence's
 
 
+def test_a_drifted_run_plans_again_and_keeps_its_first_decision_when_told_to(budget_runs):
+  root, losses, log = budget_runs
+  record = json.loads((root / "drift" / "time_budget.json").read_text())
+  assert record["steps"] == 9 and record["decided_steps"] == 400 and record["cap"] == 400
+  assert [(r["at_step"], r["steps"]) for r in record["replans"]] == [(8, 9)]
+  assert record["replans"][0]["predicted_seconds"] > 60 * 1e-5
+  assert "train.steps = 9 (was 400)" in log
+  assert sorted(losses["drift"], key=int) == [str(s) for s in range(1, 10)]
+  assert json.loads((root / "drift" / "config.json").read_text())["config"]["train"]["steps"] == 9
+  # train.budget_replan=False: the first decision holds (to its stop at 12), nothing planned again
+  assert sorted(losses["kept"], key=int) == [str(s) for s in range(1, 13)]
+  assert "replans" not in json.loads((root / "kept" / "time_budget.json").read_text())
+
+
+def test_a_recorded_plan_stretches_the_schedule_and_a_resume_repeats_it(budget_runs):
+  root, losses, log = budget_runs
+  assert "planned again at step 12: 20" in log   # the resumed run read it
+  assert sorted(losses["planned"], key=int) == [str(s) for s in range(1, 21)]
+  assert losses["resumed"] == losses["planned"]   # bit for bit, across the stop at 10, before the plan
+  rates = {l["step"]: l["learning_rate"] for l in map(json.loads, (root / "planned" / "metrics.jsonl").read_text()
+                                                       .splitlines()) if "learning_rate" in l}
+  # Step s trains at the schedule's rate of step x = s - 1: the 400-step schedule's (warmup 8, then 392 steps
+  # from the peak 1e-2 to 0) up to step 12; there it stands at 4 of its 392, and the 388 left take 8 steps.
+  for s in range(1, 21):
+    x = s - 1
+    done = x - 8 if x <= 12 else 4 + 388 * (x - 12) / 8
+    assert rates[s] == pytest.approx(1e-2 * (x / 8 if x < 8 else 1 - done / 392), rel=1e-4, abs=1e-9), s
+
+
 def test_a_budget_with_phases_is_refused_before_any_work(tmp_path):
   from mlm_jax.config.defaults import default_config
   from mlm_jax.training import resolve
@@ -156,10 +235,11 @@ def test_an_unreadable_record_is_named_and_kept(tmp_path):
   assert (tmp_path / "time_budget.json").read_text() == "{not json"
 
 
-def test_two_processes_of_the_binary_end_at_the_one_decided_step(tmp_path, corpus_and_tokenizer):
-  """The real binary on 2 processes (jax.distributed on localhost): process 0's decision is every process's,
-  and config.json keeps the user's cap beside the derived steps. The budget is spent before the decision, so
-  the verdict is the warmup's end whatever the machine's speed."""
+def test_two_processes_of_the_binary_end_at_the_one_decided_step_and_plan_again_together(tmp_path,
+                                                                                        corpus_and_tokenizer):
+  """The real binary on 2 processes (jax.distributed on localhost): process 0's decision and later plan are
+  every process's, and config.json keeps the user's cap beside the derived steps. The budget is spent before
+  the decision, so the verdicts are the warmup's end and the fewest steps whatever the machine's speed."""
   from test_multihost import Job
   from test_train import RUNS_ON, _losses
   wd = tmp_path / "pod"
@@ -172,3 +252,14 @@ def test_two_processes_of_the_binary_end_at_the_one_decided_step(tmp_path, corpu
   assert f"train.steps = 6 (at most {RUNS_ON})" in job.stderr(0), job.stderr(0)[-3000:]   # process 1 logs less
   config = json.loads((wd / "config.json").read_text())
   assert config["config"]["train"]["steps"] == RUNS_ON and config["derived"]["train"]["steps"] == 6
+  # As if it had decided 12 steps on a faster machine: resumed here from step 6, the two processes plan again
+  # at the one log line process 0's clock picks (the first timed one after a step of the new run: 8), to 9.
+  record.update(steps=12, decided_steps=12)
+  (wd / "time_budget.json").write_text(json.dumps(record))
+  job = Job(2, wd, corpus_and_tokenizer, "--config.train.time_budget_minutes=0.0001",
+            "--config.train.budget_calibration_steps=2", "--config.optimizer.warmup_steps=6", logs=tmp_path, leg="replan")
+  assert job.wait() == [0, 0], job.stderr(0)[-3000:]
+  record = json.loads((wd / "time_budget.json").read_text())
+  assert [(r["at_step"], r["steps"]) for r in record["replans"]] == [(8, 9)] and record["steps"] == 9
+  assert sorted(_losses(wd)) == list(range(1, 10))
+  assert "train.steps = 9 (was 12)" in job.stderr(0), job.stderr(0)[-3000:]

@@ -19,11 +19,15 @@ def loop_defaults() -> ml_collections.ConfigDict:
   t.batch_size = 32              # global, in sequences
   # > 0: the run's wall time (all its runs as goodput.json counts them: start-up and tokenizer, compiles,
   # evaluations, probes, saves; not the time between runs) ends within this many minutes. The loop times
-  # budget_calibration_steps steps after the compile, one evaluation and one probe, then fixes train.steps once
+  # budget_calibration_steps steps after the compile, one evaluation and one probe, then fixes train.steps
   # (train.steps is then the most it may be) in WORKDIR/time_budget.json: the decay ends at the last step, a
   # resume trains the same steps. Inside the warmup; pretraining without phases (training/time_budget.py).
   t.time_budget_minutes = 0.0
   t.budget_calibration_steps = 100
+  # With a budget: when the machine's speed drifts so that the end misses the budget by more than 3% of it, plan
+  # the steps again at a log line after the warmup (the rest of the schedule stretched over them; recorded, so a
+  # resume repeats it). False: the first decision holds (the run is a plain run of its steps).
+  t.budget_replan = True
   # Cadences in steps; 0 = never, except at the last step (a run always logs, evaluates and saves it).
   t.log_every = 50
   t.eval_every = 500

@@ -5,7 +5,8 @@ with one host sync per `log_every`, evaluation and probes, checkpoints with the 
 and preemption (SIGTERM on any host: every host saves one agreed step and stops;
 training/preemption.py). What each cadence does: docs/design_notes.md#loop.
 It also accounts the run's wall time (goodput, workdir/goodput.py), traces `train.profile_steps` and,
-with `train.time_budget_minutes`, fixes the run's steps once from its measured speed (training/time_budget.py).
+with `train.time_budget_minutes`, fixes the run's steps from its measured speed and plans them again when
+that drifts (training/time_budget.py).
 What a log line holds and the non-finite policy: training/log_interval.py; train.best_metric's copy of the
 best parameters: training/best_checkpoint.py.
 """
@@ -23,7 +24,7 @@ from absl import logging
 from mlm_jax import runtime
 from mlm_jax.errors import PeerLost, UserError
 from mlm_jax.model import sharding
-from mlm_jax.training import preemption, profiling, time_budget, trainer as trainer_lib
+from mlm_jax.training import optim, preemption, profiling, time_budget, trainer as trainer_lib
 from mlm_jax.training.best_checkpoint import BestCheckpoint
 from mlm_jax.training.log_interval import LogInterval
 from mlm_jax.workdir import branch as branch_lib, checkpoints, files as workdir_files, goodput, migrate, restore
@@ -66,7 +67,11 @@ class Loop:
   _phase: Any = None                     # the current phase's PhaseParts
   _best: Any = None                      # BestCheckpoint, when best_metric is set (made by run())
   _decide_at: int | None = None          # train.time_budget_minutes: the step that fixes train.steps (run())
+  _plan: dict | None = None              # and then the plans: decided_steps, cap, replans [(at, steps)], at_step
+  _window: tuple | None = None           # (time, step, eval/probe/save seconds) since which the steps are timed
+  _asides: dict = dataclasses.field(default_factory=dict)   # seconds of this process's last evaluation and probe
   _saves: int = 0                        # checkpoints this process has written (a save's cost, for the budget)
+  _compiles: int = 0                     # steps this process compiled (a compile's cost, for a new plan)
 
   @property
   def train_config(self) -> ml_collections.ConfigDict:
@@ -140,9 +145,12 @@ class Loop:
                       "config.phases; give train.steps here instead")
     record = time_budget.read(self.workdir)
     if record is not None:
-      self._set_steps(int(record["steps"]))
-      logging.info("time budget: %d steps, fixed at step %d of this run (%s)", self.train_config.steps,
-                   record.get("decided_at_step", 0), time_budget.FILE)
+      plans = time_budget.replans(record)
+      self._set_plan(dict(decided_steps=time_budget.first_steps(record), cap=int(record.get("cap", t.steps)),
+                          replans=plans, at_step=max([int(record.get("decided_at_step", 0))] + [a for a, _ in plans])))
+      logging.info("time budget: %d steps, fixed at step %d of this run%s (%s)", self.train_config.steps,
+                   record.get("decided_at_step", 0),
+                   "".join(f", planned again at step {a}: {n}" for a, n in plans), time_budget.FILE)
       return None
     o = self.trainer.config.optimizer
     decide_at = start + 1 + time_budget.check(t, o.warmup_steps, o.schedule, start)
@@ -150,27 +158,42 @@ class Loop:
                  start + 2, decide_at)
     return decide_at
 
-  def _set_steps(self, steps: int) -> None:
-    """The run's trainer for `steps` in all (its schedule decays to the end there); compiled on first use."""
+  def _set_plan(self, plan: dict) -> None:
+    """The run's trainer for `plan`: its schedule made for the decided steps, stretched by each replan
+    (time_budget.stretch) to end at the last one's steps; compiled on first use."""
+    self._plan = plan
     config = ml_collections.ConfigDict(self.trainer.config.to_dict())
-    config.train.steps = steps
+    config.train.steps = plan["replans"][-1][1] if plan["replans"] else plan["decided_steps"]
     t = self.trainer
-    self.trainer = trainer_lib.make_trainer(ml_collections.FrozenConfigDict(config), t.mesh, t.description)
+    schedule = None
+    if plan["replans"]:
+      first = plan["decided_steps"]
+      schedule = time_budget.stretch(optim.make_schedule(config.optimizer, first), first, plan["replans"])
+    self.trainer = trainer_lib.make_trainer(ml_collections.FrozenConfigDict(config), t.mesh, t.description,
+                                            schedule=schedule)
 
-  def _decide_steps(self, state, step: int, writer: MetricsWriter, calibration: tuple) -> None:
-    """Times one evaluation and probe, then fixes train.steps to the most that fit the budget's rest."""
+  def _costs(self, state, step: int) -> dict:
+    """Seconds a step since the window began (evaluations, probes and saves apart), and each cadence's
+    (every, seconds each): the last evaluation's and probe's, a save's on average; for time_budget.seconds_to."""
     t, gp = self.train_config, self._goodput
     jax.block_until_ready(state.step)
-    t_from, step_from, aside = calibration
+    t_from, step_from, aside = self._window
     costs = {"step": (time.perf_counter() - t_from - (self._aside_seconds() - aside)) / (step - step_from)}
-    for name, every, run_it in (("eval", t.eval_every, self.evaluate and self._eval),
-                                ("probe", t.probe_every, self.probe and self._probe)):
+    for name, every in (("eval", t.eval_every), ("probe", t.probe_every)):
+      if name in self._asides:
+        costs[name] = (int(every), self._asides[name])
+    costs["save"] = (int(t.save_every), gp.seconds["save"] / self._saves if self._saves else 0.0)
+    return costs
+
+  def _decide_steps(self, state, step: int, writer: MetricsWriter) -> None:
+    """Times one evaluation and probe, then fixes train.steps to the most that fit the budget's rest."""
+    t, gp = self.train_config, self._goodput
+    step_seconds = self._costs(state, step)["step"]
+    for name, run_it in (("eval", self.evaluate and self._eval), ("probe", self.probe and self._probe)):
       if run_it:
-        t0 = time.perf_counter()
         with gp.phase(name):
           run_it(state, step, writer)
-        costs[name] = (int(every), time.perf_counter() - t0)
-    costs["save"] = (int(t.save_every), gp.seconds["save"] / self._saves if self._saves else 0.0)
+    costs = dict(self._costs(state, step), step=step_seconds)
     budget = 60.0 * float(t.time_budget_minutes)
     elapsed, compile_s = gp.wall_seconds(), gp.seconds["compile"]   # the new schedule compiles once more
     o = self.trainer.config.optimizer
@@ -182,16 +205,57 @@ class Loop:
     predicted = elapsed + compile_s + time_budget.seconds_to(steps, step, costs)
     if jax.process_index() == 0:
       time_budget.write(self.workdir, dict(
-          steps=steps, decided_at_step=step, budget_minutes=float(t.time_budget_minutes), cap=int(t.steps),
+          steps=steps, decided_steps=steps, decided_at_step=step, budget_minutes=float(t.time_budget_minutes),
+          cap=int(t.steps), replans=[],
           elapsed_seconds=elapsed, step_seconds=costs["step"], compile_seconds=compile_s,
           **{f"{k}_seconds": costs[k][1] for k in ("eval", "probe", "save") if k in costs},
           predicted_seconds=predicted))
-    self._set_steps(steps)
+    self._set_plan(dict(decided_steps=steps, cap=int(t.steps), replans=[], at_step=step))
     self._write_config()
     logging.info("time budget %.1f min: %.1f min spent at step %d, %.4f s a step: train.steps = %d (at most %d), "
                  "%.1f min in all by the plan%s", float(t.time_budget_minutes), elapsed / 60, step, costs["step"],
                  steps, int(t.steps), predicted / 60,
                  "" if predicted <= budget else f" (over the budget: the run cannot end before step {floor})")
+
+  def _replan(self, state, step: int) -> bool:
+    """train.budget_replan: at a log line past the warmup and WINDOW of the budget timed since the last plan,
+    plans the steps again when the end now predicted misses the budget by more than TOLERANCE of it
+    (time_budget.replan); records the plan before any step trains under it. True when it did."""
+    t, gp, plan = self.train_config, self._goodput, self._plan
+    o = self.trainer.config.optimizer
+    if (plan is None or not t.get("budget_replan", True) or step <= plan["at_step"]
+        or (o.schedule != "constant" and step < int(o.warmup_steps)) or self._window is None
+        or step <= self._window[1]):
+      return False
+    budget = 60.0 * float(t.time_budget_minutes)
+    steps = -1
+    if jax.process_index() == 0:
+      costs = self._costs(state, step)
+      timed = (step - self._window[1]) * costs["step"]
+      if timed >= time_budget.WINDOW * budget:
+        left = budget * (1 - time_budget.MARGIN) - gp.wall_seconds()
+        compile_s = gp.seconds["compile"] / max(1, self._compiles)   # the new schedule compiles once more
+        steps = time_budget.replan(left, budget, step, int(t.steps), plan["cap"], costs, compile_s) or -1
+    if jax.process_count() > 1:   # process 0's clock decides for all, at the same log line
+      from jax.experimental import multihost_utils
+      steps = int(multihost_utils.broadcast_one_to_all(np.int32(steps)))
+    if steps < 0:
+      return False
+    before = int(t.steps)
+    new = dict(plan, replans=plan["replans"] + [(step, steps)], at_step=step)
+    if jax.process_index() == 0:
+      record = time_budget.read(self.workdir) or {}
+      predicted = gp.wall_seconds() + compile_s + time_budget.seconds_to(steps, step, costs)
+      record.update(steps=steps, decided_steps=plan["decided_steps"], replans=record.get("replans", []) + [dict(
+          at_step=step, steps=steps, step_seconds=costs["step"], elapsed_seconds=gp.wall_seconds(),
+          predicted_seconds=predicted)])
+      time_budget.write(self.workdir, record)
+      logging.info("time budget %.1f min: %.1f min spent at step %d, %.4f s a step since step %d: train.steps = %d "
+                   "(was %d), %.1f min in all by the new plan", float(t.time_budget_minutes), gp.wall_seconds() / 60,
+                   step, costs["step"], self._window[1], steps, before, predicted / 60)
+    self._set_plan(new)
+    self._write_config()
+    return True
 
   def _aside_seconds(self) -> float:
     """This process's seconds so far in evaluations, probes and saves (not a step's time)."""
@@ -265,6 +329,7 @@ class Loop:
     return {**self.input.get_state(), **phase, **(self._best.get_state() if self._best is not None else {})}
 
   def _eval(self, state, step: int, writer: MetricsWriter) -> dict:
+    t0 = time.perf_counter()
     ev = self.evaluate(state.params, step)
     if getattr(state, "ema", None) is not None:   # train.ema_decay: the average beside the raw weights
       ev.update({f"eval_ema_{k[5:]}": v for k, v in self.evaluate(state.ema, step).items()})
@@ -272,12 +337,15 @@ class Loop:
     logging.info("step %d  eval %s", step, "  ".join(f"{k[5:]} {v:.4f}" for k, v in ev.items()))
     if self._best is not None:
       self._best.update(state, step, ev)
+    self._asides["eval"] = time.perf_counter() - t0
     return ev
 
   def _probe(self, state, step: int, writer: MetricsWriter) -> dict:
+    t0 = time.perf_counter()
     result = self.probe(state.params, step)
     writer.write(dict(step=step, **result))
     logging.info("step %d  %s", step, "  ".join(f"{k} {v:.3f}" for k, v in result.items()))
+    self._asides["probe"] = time.perf_counter() - t0
     return result
 
   def _steps(self, state, start: int, checkpointer, writer: MetricsWriter, watch: preemption.Preemption) -> dict:
@@ -296,7 +364,6 @@ class Loop:
     last, step, m, recompile = {}, start, None, False
     prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
     end = self.end_step
-    calibration = None   # (time, step, eval/probe/save seconds) when the budget's timed steps began
     while step < end:
       if self._phase is not None and step >= self._phase.end:   # a boundary: the next phase's step and input
         self._enter_phase(self.phases.index_at(step), None)
@@ -314,6 +381,7 @@ class Loop:
       checkpointer.check()   # a save that failed in the background stops the run now, in one line
       if step == start or (self._phase is not None and step == self._phase.phase.start) or recompile:   # compiling it
         gp.seconds["compile"] += time.perf_counter() - t1
+        self._compiles += 1
       recompile = False
       log.add(m)
       step += 1
@@ -326,12 +394,15 @@ class Loop:
         last = log.flush(step, writer)
         gp.mark(step)
       decided = False
-      if self._decide_at is not None and step == start + 1:   # compiled: the timed steps begin
+      if (self._decide_at is not None or self._plan is not None) and self._window is None:   # compiled: timed from here
         jax.block_until_ready(state.step)
-        calibration = (time.perf_counter(), step, self._aside_seconds())
+        self._window = (time.perf_counter(), step, self._aside_seconds())
       if self._decide_at is not None and step == self._decide_at and not stop:
-        self._decide_steps(state, step, writer, calibration)
-        self._decide_at, decided, recompile = None, True, True
+        self._decide_steps(state, step, writer)
+        self._decide_at, decided = None, True
+      planned = decided or (_every(step, t.log_every) and not final and not stop and self._replan(state, step))
+      if planned:   # the new schedule compiles at the next step, whose time the next window leaves out
+        recompile, self._window = True, None
         t, end = self.train_config, self.end_step
         log.restart()
       if self.evaluate is not None and (_every(step, t.eval_every) or step == end or boundary) and not stop and not decided:

@@ -1,30 +1,43 @@
-"""A wall-time budget (`train.time_budget_minutes`): the run's steps fixed once from its measured speed.
+"""A wall-time budget (`train.time_budget_minutes`): the run's steps fixed from its measured speed, and
+planned again when the machine's speed drifts.
 
 A budget in minutes is what a "one hour on this machine" recipe means, and a fixed step count sized on
 one machine overruns on a slower one. Cramming (Geiping & Goldstein, 2023) makes the schedule a function
 of elapsed time; that would make the learning rate depend on the clock, so a resumed run could not repeat
-an uninterrupted one. Here the clock is read once instead: after `train.budget_calibration_steps` steps
-past the compile, and one timed evaluation and probe, the loop picks the most steps whose time, with the
+an uninterrupted one. Here the clock is read at recorded steps instead: after `train.budget_calibration_steps`
+steps past the compile, and one timed evaluation and probe, the loop picks the most steps whose time, with the
 evaluations, probes and saves on their cadences, fits what is left of the budget, and writes that count to
-WORKDIR/time_budget.json. From then on the run is a plain run of that many steps: the decay ends at its
-last step, and a resume (or a rerun with `train.steps` set to it) trains exactly the same steps. The
-decision falls inside the warmup, whose learning rate does not depend on the length, so the steps before
-it are those of the plain run too.
+WORKDIR/time_budget.json. The decision falls inside the warmup, whose learning rate does not depend on the
+length, so the steps before it are those of the plain run too.
+
+A shared VM's speed drifts by 20% and more within an hour, and a run that keeps its first count then misses
+its budget by as much. With `train.budget_replan` (the default) the loop looks again at each log line after
+the warmup: once it has timed at least WINDOW of the budget's steps since the last plan, and the end it now
+predicts misses the budget by more than TOLERANCE, it plans the steps again from that speed. The schedule
+is not cut or restarted but stretched: the part of it not yet trained (its progress from the plan's step
+to the end) is spread over the new number of steps (`stretch`), so the learning rate stays continuous and
+still decays to its end at the last step. Each new plan is appended to the record's "replans" before any
+step trains under it; a resume replays the record, so it trains exactly the steps an uninterrupted run with
+the same plans trains. Without replans the run is a plain run of "steps" (a rerun with `train.steps` set to
+it trains the same steps).
 
 The time counted is goodput's (workdir/goodput.py): every run of the workdir from its process's start
-(tokenizer training and start-up included) to now, without the time between runs. A machine that slows
-down after the decision overruns the budget; the decision is not revisited.
+(tokenizer training and start-up included) to now, without the time between runs.
 """
 from __future__ import annotations
 
 import json
 import os
 
+import jax.numpy as jnp
+
 from mlm_jax import paths
 from mlm_jax.errors import UserError
 
 FILE = "time_budget.json"
 MARGIN = 0.01   # of the budget, kept for what no cadence covers (the final wait for the last save)
+TOLERANCE = 0.03   # of the budget: how far the predicted end may drift before the steps are planned again
+WINDOW = 0.1       # of the budget: the least time of steps since the last plan that a new plan's speed is read from
 
 
 def minutes(train) -> float:
@@ -41,10 +54,43 @@ def read(workdir: str) -> dict | None:
     with paths.open_file(path, "r") as f:
       record = json.load(f)
     int(record["steps"])
+    plans = replans(record)
+    if any(end <= at for at, end in plans) or [at for at, _ in plans] != sorted({at for at, _ in plans}):
+      raise ValueError(f"replans {plans} are not (at_step, steps) with steps > at_step, in step order")
   except (ValueError, KeyError, TypeError, OSError) as e:
     raise UserError(f"{path}: unreadable ({e}); expected the step count a time budget fixed, "
                     '{"steps": N, ...}. Restore it, or delete it to decide again') from None
   return record
+
+
+def replans(record: dict) -> list[tuple[int, int]]:
+  """A record's later plans, (the step that planned, the run's steps from then on), in step order."""
+  return [(int(r["at_step"]), int(r["steps"])) for r in record.get("replans", [])]
+
+
+def first_steps(record: dict) -> int:
+  """The steps the first decision fixed: what the schedule before any replan decays over."""
+  return int(record.get("decided_steps", record["steps"]))
+
+
+def stretch(schedule, total: int, plans: list[tuple[int, int]]):
+  """`schedule` (made for `total` steps) with each plan (at, end) spreading what was left of it after step
+  `at` evenly over the steps at..end: step s reads the schedule at the step of its progress there."""
+  if not plans:
+    return schedule
+  points, at, virtual, rate = [], 0, 0.0, 1.0
+  for r, end in plans:
+    virtual += (r - at) * rate   # where step r stands in the schedule under the plan before
+    at, rate = r, (total - virtual) / (end - r)
+    points.append((at, virtual, rate))
+
+  def stretched(count):
+    s = jnp.asarray(count, jnp.float32)
+    v = s
+    for at, start, slope in points:
+      v = jnp.where(s >= at, start + (s - at) * slope, v)
+    return schedule(jnp.minimum(v, float(total)))
+  return stretched
 
 
 def write(workdir: str, record: dict) -> None:
@@ -83,6 +129,17 @@ def plan(left_seconds: float, at: int, floor: int, cap: int, costs: dict) -> int
     else:
       hi = mid - 1
   return lo
+
+
+def replan(left_seconds: float, budget_seconds: float, at: int, end: int, cap: int, costs: dict,
+           compile_seconds: float) -> int | None:
+  """The steps to plan from step `at` of a run now ending at `end`, when the time it predicts to its end
+  (`costs`, as in seconds_to) misses `left_seconds` by more than TOLERANCE of the budget; None when it does
+  not, or when the new plan (which first compiles its schedule, `compile_seconds`) keeps `end`."""
+  if abs(seconds_to(end, at, costs) - left_seconds) <= TOLERANCE * budget_seconds:
+    return None
+  steps = plan(left_seconds - compile_seconds, at, at + 1, cap, costs)
+  return steps if steps != end else None
 
 
 def check(train, warmup_steps: int, schedule: str, start: int) -> int:
