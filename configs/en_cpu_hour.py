@@ -81,6 +81,8 @@ steps fitted (0.859 s a step), 56m55s with its tokenizer, held-out 3.69 at 30% o
 Model shape there (seed 0, 2026-12-07; --config.model.num_layers / hidden_size / num_heads / intermediate_size):
 8 x 128 (2 heads, FFN 512), 4900 steps fitted, 68 min, --fast 55.4%; 4 x 128 (2 heads, FFN 512, half the FLOPs a
 token), 6019 steps, 52 min, held-out 3.64, --fast 56.9% (+1.6 on one seed; docs/quality.md); not yet the default.
+Seed 1 of 4 x 128 (2026-12-07): 9190 steps fitted in a fast minute of the VM (over the hour there), held-out 3.53,
+--fast 58.5%.
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
