@@ -10,8 +10,8 @@ evaluations, probes and saves on their cadences, fits what is left of the budget
 WORKDIR/time_budget.json. The decision falls inside the warmup, whose learning rate does not depend on the
 length, so the steps before it are those of the plain run too.
 
-A shared VM's speed drifts by 20% and more within an hour, and a run that keeps its first count then misses
-its budget by as much. With `train.budget_replan` (the default) the loop looks again at each log line after
+A shared VM's speed drifts by 15-20% within an hour (docs/resume.md#a-time-budget), and a run that keeps its
+first count then misses its budget by as much. With `train.budget_replan` (the default) the loop looks again at each log line after
 the warmup: once it has timed at least WINDOW of the budget's steps since the last plan, and the end it now
 predicts misses the budget by more than TOLERANCE, it plans the steps again from that speed. The schedule
 is not cut or restarted but stretched: the part of it not yet trained (its progress from the plan's step
