@@ -104,7 +104,10 @@ def test_packed_pll_equals_unpacked_and_transformers(pll_case, workdir, tmp_path
   packed = packed_scorer.pack(rows)
   assert len(packed.input_ids) < sum(len(r) - 2 for r in rows) * 2 / 3   # copies share rows
   assert packed.real_tokens == sum(len(r) * (len(r) - 2) for r in rows)
-  got = packed_scorer(params, rows)
+  calls = []
+  got = packed_scorer(params, rows, lambda done, total: calls.append((done, total)))
+  steps = -(-len(packed.input_ids) // 4)   # one chunk: after each step, its share of rows as sentences
+  assert calls == [(6 * min(4 * (b + 1), len(packed.input_ids)) // len(packed.input_ids), 6) for b in range(steps)]
   unpacked = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, one_per_row=True)(params, rows)
   np.testing.assert_allclose(got, unpacked, rtol=0, atol=1e-4)
   by_sentence = pll.Scorer(graphdef, lm.tokenizer, 32, rows=4, chunk_tokens=1)   # packed one sentence at a time

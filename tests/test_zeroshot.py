@@ -93,10 +93,11 @@ def _tie_free_verdicts(tok, paradigm) -> str:
   return "".join("1" if len(g) < len(b) else "0" for g, b in zip(good, bad))
 
 
-def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
+def test_a_tie_is_wrong(data, constant_workdir, tmp_path, monkeypatch):
   """--tasks=blimp alone with a constant model: a pair is right only where the good sentence has fewer
   tokens (ties wrong); the table shows the overall and the phenomena (3 here, 12 on all of BLiMP) beside the
-  paper's rows; the JSON holds every paradigm and every pair's verdict; a re-run reads the result back."""
+  paper's rows; the JSON holds every paradigm and every pair's verdict; a re-run reads the result back.
+  Scored over many small steps (2 rows each), with a progress line after each step but the last."""
   from mlm_jax.evaluation import fill_mask, zeroshot
   from mlm_jax.finetuning import suite, zeroshot_suite
   tok = fill_mask.from_workdir(constant_workdir).tokenizer
@@ -104,7 +105,14 @@ def test_a_tie_is_wrong(data, constant_workdir, tmp_path):
   verdicts = {p.name: _tie_free_verdicts(tok, p) for p in paradigms}
   expected = {name: v.count("1") / len(v) for name, v in verdicts.items()}
   out, lines = str(tmp_path / "suite"), []
+  monkeypatch.setattr(zeroshot_suite, "PLL_ROWS", 2)
+  monkeypatch.setattr(zeroshot_suite, "PROGRESS_SECONDS", 0)
   summary = suite.run_suite(constant_workdir, out, tasks="blimp", fast=True, data=str(data), log=lines.append)
+  progress = [re.fullmatch(r"\[downstream\] blimp: (\d+) of 36 sentences scored \((\d+)%\) in \d+ s, "
+                           r"about \d+ s left", l) for l in lines if "sentences scored" in l]
+  done = [int(m[1]) for m in progress]
+  assert len(done) > 3 and all(m for m in progress) and done == sorted(done) and 0 < done[-1] < 36, lines
+  assert [int(m[2]) for m in progress] == [round(100 * d / 36) for d in done]
   z = summary["zeroshot"]["blimp"]
   assert z["paradigms"] == pytest.approx(expected) and z["overall"] == pytest.approx(np.mean(list(expected.values())))
   kept = json.load(open(os.path.join(out, "blimp", zeroshot_suite.RESULT_FILE)))

@@ -213,20 +213,24 @@ class Scorer:
     self.slots = p.slot_positions.shape[1]
     return p
 
-  def __call__(self, params, sentences: list) -> np.ndarray:
-    """float64 [sentences]: the PLL of each id list (with BOS/EOS), packed `chunk_tokens` at a time."""
+  def __call__(self, params, sentences: list, progress=None) -> np.ndarray:
+    """float64 [sentences]: the PLL of each id list (with BOS/EOS), packed `chunk_tokens` at a time.
+    `progress(done, total)`, if given, after each step: the sentences scored so far (a chunk's in proportion
+    to its rows done), of all."""
     total = np.zeros(len(sentences), np.float64)
     start, tokens = 0, 0
     for i, sentence in enumerate(sentences):
       if tokens and tokens + len(sentence) ** 2 > self.chunk_tokens:
-        self._score(params, sentences[start:i], total[start:i])
+        self._score(params, sentences[start:i], total[start:i], progress, start, len(sentences))
         start, tokens = i, 0
       tokens += len(sentence) ** 2
-    self._score(params, sentences[start:], total[start:])
+    self._score(params, sentences[start:], total[start:], progress, start, len(sentences))
     return total
 
-  def _score(self, params, sentences: list, total: np.ndarray) -> None:
-    """Adds the PLL of each sentence into `total` (a view of the caller's array)."""
+  def _score(self, params, sentences: list, total: np.ndarray, progress=None, before: int = 0,
+             of: int = 0) -> None:
+    """Adds the PLL of each sentence into `total` (a view of the caller's array); `progress` as in __call__,
+    `before` sentences scored ahead of these, `of` in all."""
     p = self.pack(sentences)
     for b in range(0, len(p.input_ids), self.rows):
       part = [a[b:b + self.rows] for a in (p.input_ids, p.segment_ids, p.positions, p.slot_positions,
@@ -238,6 +242,8 @@ class Scorer:
       lp = np.asarray(jax.device_get(self.step(params, *[self.place(a) for a in part[:5]])), np.float64)
       keep = part[5] >= 0
       np.add.at(total, part[5][keep], lp[keep])
+      if progress is not None:
+        progress(before + len(sentences) * min(b + self.rows, len(p.input_ids)) // len(p.input_ids), of)
 
   def score_texts(self, params, texts: list) -> np.ndarray:
     return self(params, encode(self.tok, texts))

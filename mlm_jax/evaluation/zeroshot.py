@@ -53,14 +53,15 @@ def summarize(sets: list, correct: dict) -> dict:
   return out
 
 
-def score_pairs(scorer: pll.Scorer, params, sets: list) -> dict:
-  """The summary of one masked LM on pair sets: every sentence that fits the model scored by one Scorer call."""
+def score_pairs(scorer: pll.Scorer, params, sets: list, progress=None) -> dict:
+  """The summary of one masked LM on pair sets: every sentence that fits the model scored by one Scorer call
+  (`progress(done, total)` in sentences, as pll.Scorer calls it)."""
   t0 = time.perf_counter()
   sentences = [x for s in sets for x in s.good + s.bad]
   ids = pll.encode(scorer.tok, sentences)
   fits = np.array([len(x) <= scorer.longest for x in ids], bool)
   scores = np.zeros(len(ids), np.float64)
-  scores[fits] = scorer(params, [x for x, ok in zip(ids, fits) if ok])
+  scores[fits] = scorer(params, [x for x, ok in zip(ids, fits) if ok], progress)
   correct, too_long, at = {}, 0, 0
   for s in sets:
     n = len(s.good)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import jax
 
@@ -20,6 +21,7 @@ FAST_PAIRS = 100          # per set: BLiMP 6,700 pairs (its first), CLAMS 5,000 
 PLL_ROWS = 64             # rows of packed masked copies per step
 RESULT_FILE = "result.json"
 GROUP_LABEL = dict(clams="language", pairs="file")   # what a set's group is, in the table
+PROGRESS_SECONDS = 60     # at most one progress line this often while a task scores (all of BLiMP: ~20 min on 2 cores)
 
 
 def load_masked_lm(init_from: str, source: str, random_init: bool, dtype: str = ""):
@@ -59,6 +61,21 @@ def read_sets(task, data: str, pairs: int, columns: dict | None = None, clams_la
   if task.kind == "clams":
     return clams.read(clams.folder(data), pairs, clams_languages)
   return minimal_pairs.read(task.pattern, columns, pairs)
+
+
+def progress_lines(name: str, log, every: float):
+  """`progress(done, total)` for pll.Scorer: a line with the sentences scored and the time left at most `every`
+  seconds, none once all are done (the task's `finished` line follows)."""
+  t0 = last = time.perf_counter()
+
+  def report(done: int, total: int) -> None:
+    nonlocal last
+    now = time.perf_counter()
+    if 0 < done < total and now - last >= every:
+      last, spent = now, now - t0
+      log(f"[downstream] {name}: {done:,} of {total:,} sentences scored ({100 * done / total:.0f}%) in "
+          f"{spent:.0f} s, about {spent * (total - done) / done:.0f} s left")
+  return report
 
 
 def _kept(path: str, depends: dict, name: str, log) -> dict | None:
@@ -120,7 +137,7 @@ def run_tasks(tasks: list, *, init_from: str, source: str, out: str, fast: bool,
         raise type(e)(f"{task.name}: {e}") from None
     log(f"[downstream] {task.name}: started ({total} pairs, {len(sets)} sets, {variant} PLL in "
         f"{lm.model_config.dtype})")
-    result = zeroshot.score_pairs(scorer, params, sets)
+    result = zeroshot.score_pairs(scorer, params, sets, progress_lines(task.name, log, PROGRESS_SECONDS))
     result.update(source=lm.source, depends_on=depends, group=GROUP_LABEL.get(task.kind, ""),
                   dtype=lm.model_config.dtype)
     if task.kind == "blimp":
