@@ -82,7 +82,9 @@ Model shape there (seed 0, 2026-12-07; --config.model.num_layers / hidden_size /
 8 x 128 (2 heads, FFN 512), 4900 steps fitted, 68 min, --fast 55.4%; 4 x 128 (2 heads, FFN 512, half the FLOPs a
 token), 6019 steps, 52 min, held-out 3.64, --fast 56.9% (+1.6 on one seed; docs/quality.md); not yet the default.
 Seed 1 of 4 x 128 (2026-12-07): 9190 steps fitted in a fast minute of the VM (over the hour there), held-out 3.53,
---fast 58.5%.
+--fast 58.5%; seed 2, idle, planned again four times: 7322 steps, 60m17s, held-out 3.49, --fast 57.0%. All pairs:
+57.30 / 59.36 / 58.04, mean 58.23% (2.97 below the aim). This recipe's 4 x 192 at seed 1 there:
+4293 steps, 60m59s, --fast 55.7% (two seeds' mean 55.5 against 4 x 128's 57.5).
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
