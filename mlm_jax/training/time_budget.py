@@ -11,10 +11,10 @@ WORKDIR/time_budget.json. The decision falls inside the warmup, whose learning r
 length, so the steps before it are those of the plain run too.
 
 A shared VM's speed drifts by 15-20% within an hour (docs/resume.md#a-time-budget), and a run that keeps its
-first count then misses its budget by as much. With `train.budget_replan` (the default) the loop looks again at each log line after
-the warmup: once it has timed at least WINDOW of the budget's steps since the last plan, and the end it now
-predicts misses the budget by more than TOLERANCE, it plans the steps again from that speed. The schedule
-is not cut or restarted but stretched: the part of it not yet trained (its progress from the plan's step
+first count then misses its budget by as much. With `train.budget_replan` (the default) the loop looks again
+at each log line after the warmup: once it has timed at least WINDOW of the budget's steps since the last plan,
+and the end it now predicts misses the budget by more than TOLERANCE, it plans the steps again from that speed.
+The schedule is not cut or restarted but stretched: the part of it not yet trained (its progress from the plan's step
 to the end) is spread over the new number of steps (`stretch`), so the learning rate stays continuous and
 still decays to its end at the last step. Each new plan is appended to the record's "replans" before any
 step trains under it; a resume replays the record, so it trains exactly the steps an uninterrupted run with
