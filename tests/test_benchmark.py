@@ -51,3 +51,20 @@ def test_the_matmul_peak_is_timed_for_a_quarter_second_at_least():
   start = time.perf_counter()
   peak = flops.measure_matmul_peak(n=64, repeats=1, dtype="bfloat16", min_seconds=0.25)
   assert time.perf_counter() - start >= 0.25 and peak > 0
+
+
+def test_compare_reports_a_variant_per_token():
+  """`benchmark.py compare` with a variant of half the batch: the same step a token, so XLA's FLOPs and bytes
+  a token match the base's, and the fastest steps compare in tokens/s, not in seconds a step."""
+  out = subprocess.run(
+      [sys.executable, "tools/benchmark.py", "compare", "--config=configs/demo.py", "--vocab=1000", "--rounds=2",
+       "--steps=2", "--warmup=1", "train.batch_size=8,data.seq_len=32", "train.batch_size=4,data.seq_len=32"],
+      cwd=REPO, env=cpu_env(1), capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  full, half = r["variants"]["train.batch_size=8,data.seq_len=32"], r["variants"]["train.batch_size=4,data.seq_len=32"]
+  assert half["xla_flops_ratio_to_base"] == pytest.approx(full["xla_flops_ratio_to_base"], rel=0.05)
+  assert half["flops_per_token"] == full["flops_per_token"]
+  for v in (full, half):
+    assert v["fastest_ratio_to_base"] == pytest.approx(
+        v["fastest_step_tokens_per_sec"] / r["variants"]["base"]["fastest_step_tokens_per_sec"])

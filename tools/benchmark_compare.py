@@ -8,8 +8,8 @@ Each positional argument is a variant of --config: `:NAME` adds a config variant
 times, each step runs `--steps` steps on the same random rows (benchmark_setup.py's), the order reversed every
 other round, so a machine whose speed drifts slows every variant alike. Prints, per variant, the median
 tokens/s over the rounds and the median of its per-round ratio to the base's tokens/s, XLA's count of the
-compiled step's FLOPs and bytes accessed against the base's (what the load of the machine cannot move), and the tokens/s
-of its fastest step and that ratio to the base's fastest (on a machine other jobs share, other work
+compiled step's FLOPs and bytes accessed a token against the base's (what the load of the machine cannot move), and the
+tokens/s of its fastest step and that ratio to the base's fastest (on a machine other jobs share, other work
 only ever adds time to a step: the fastest steps are the closest to the step's own cost); the last line
 is one JSON object.
 """
@@ -102,19 +102,21 @@ def main(argv) -> None:
         fastest[name], t = min(fastest[name], now - t), now
       rates[name].append(x["tokens"] * args.steps / (time.perf_counter() - t_block))
   out = {}
+  # Per token, as a variant may set train.batch_size or data.seq_len.
+  best = {name: runs[name]["tokens"] / fastest[name] for name in names}
+  xla = {name: {k: runs[name][k] / runs[name]["tokens"] for k in ("xla_flops", "xla_bytes")} for name in names}
   for name in names:
     ratios = [a / b for a, b in zip(rates[name], rates["base"])]
-    best = runs[name]["tokens"] / fastest[name]
     out[name] = dict(tokens_per_sec=statistics.median(rates[name]), ratio_to_base=statistics.median(ratios),
-                     ratio_min=min(ratios), ratio_max=max(ratios), fastest_step_tokens_per_sec=best,
-                     fastest_ratio_to_base=fastest["base"] / fastest[name], flops_per_token=runs[name]["flops"],
+                     ratio_min=min(ratios), ratio_max=max(ratios), fastest_step_tokens_per_sec=best[name],
+                     fastest_ratio_to_base=best[name] / best["base"], flops_per_token=runs[name]["flops"],
                      flops_ratio_to_base=runs[name]["flops"] / runs["base"]["flops"],
-                     xla_flops_ratio_to_base=runs[name]["xla_flops"] / max(runs["base"]["xla_flops"], 1.0),
-                     xla_bytes_ratio_to_base=runs[name]["xla_bytes"] / max(runs["base"]["xla_bytes"], 1.0))
+                     xla_flops_ratio_to_base=xla[name]["xla_flops"] / max(xla["base"]["xla_flops"], 1e-30),
+                     xla_bytes_ratio_to_base=xla[name]["xla_bytes"] / max(xla["base"]["xla_bytes"], 1e-30))
     o = out[name]
     print(f"{name:45s} {o['tokens_per_sec']:7.0f} tok/s x{o['ratio_to_base']:.3f} ({o['ratio_min']:.2f}-"
-          f"{o['ratio_max']:.2f});  fastest step {best:7.0f} tok/s x{o['fastest_ratio_to_base']:.3f};  FLOPs/token "
-          f"x{o['flops_ratio_to_base']:.3f};  XLA's FLOPs x{o['xla_flops_ratio_to_base']:.3f}, bytes "
+          f"{o['ratio_max']:.2f});  fastest step {best[name]:7.0f} tok/s x{o['fastest_ratio_to_base']:.3f};  "
+          f"FLOPs/token x{o['flops_ratio_to_base']:.3f};  XLA's FLOPs x{o['xla_flops_ratio_to_base']:.3f}, bytes "
           f"x{o['xla_bytes_ratio_to_base']:.3f}")
   print(json.dumps(dict(bench="mlm_jax_compare", config=args.config, vocab=args.vocab, rounds=args.rounds,
                         steps=args.steps, compile_s=compile_s, variants=out)))
