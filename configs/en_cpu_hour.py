@@ -85,6 +85,9 @@ Seed 1 of 4 x 128 (2026-12-07): 9190 steps fitted in a fast minute of the VM (ov
 --fast 58.5%; seed 2, idle, planned again four times: 7322 steps, 60m17s, held-out 3.49, --fast 57.0%. All pairs:
 57.30 / 59.36 / 58.04, mean 58.23% (2.97 below the aim). This recipe's 4 x 192 at seed 1 there:
 4293 steps, 60m59s, --fast 55.7% (two seeds' mean 55.5 against 4 x 128's 57.5).
+On that VM's slower afternoon, 4 x 128 seed 2 with 16 rows a step (--config.train.batch_size=16): 11513 steps,
+23.6M tokens, --fast 56.0% (as 32 rows at equal tokens; fewer of them: not adopted); with 64-token rows, 64 a step
+(--config.data.seq_len=64 --config.train.batch_size=64): 6932 steps, 28.4M tokens, --fast 57.6%, all pairs 58.59%.
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
