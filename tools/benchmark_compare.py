@@ -77,8 +77,10 @@ def _trainer(args, spec: str):
   for i in range(args.warmup):
     state, _ = step(state, batches[i % 4], key)
   fpt = run.objective.flops_per_token(c, one.seq_len, masking.max_predictions(c.masking, one.seq_len))
-  return dict(step=step, state=state, batches=batches, key=key, tokens=one.batch * one.seq_len, flops=fpt,
-              xla_flops=float(cost.get("flops", 0.0)), xla_bytes=float(cost.get("bytes accessed", 0.0)))
+  tokens = one.batch * one.seq_len   # XLA's counts a token, as a variant may set train.batch_size or data.seq_len
+  return dict(step=step, state=state, batches=batches, key=key, tokens=tokens, flops=fpt,
+              xla_flops=float(cost.get("flops", 0.0)) / tokens,
+              xla_bytes=float(cost.get("bytes accessed", 0.0)) / tokens)
 
 
 def main(argv) -> None:
@@ -102,17 +104,15 @@ def main(argv) -> None:
         fastest[name], t = min(fastest[name], now - t), now
       rates[name].append(x["tokens"] * args.steps / (time.perf_counter() - t_block))
   out = {}
-  # Per token, as a variant may set train.batch_size or data.seq_len.
-  best = {name: runs[name]["tokens"] / fastest[name] for name in names}
-  xla = {name: {k: runs[name][k] / runs[name]["tokens"] for k in ("xla_flops", "xla_bytes")} for name in names}
+  best = {name: runs[name]["tokens"] / fastest[name] for name in names}   # tokens/s, as a variant may set the batch
   for name in names:
     ratios = [a / b for a, b in zip(rates[name], rates["base"])]
     out[name] = dict(tokens_per_sec=statistics.median(rates[name]), ratio_to_base=statistics.median(ratios),
                      ratio_min=min(ratios), ratio_max=max(ratios), fastest_step_tokens_per_sec=best[name],
                      fastest_ratio_to_base=best[name] / best["base"], flops_per_token=runs[name]["flops"],
                      flops_ratio_to_base=runs[name]["flops"] / runs["base"]["flops"],
-                     xla_flops_ratio_to_base=xla[name]["xla_flops"] / max(xla["base"]["xla_flops"], 1e-30),
-                     xla_bytes_ratio_to_base=xla[name]["xla_bytes"] / max(xla["base"]["xla_bytes"], 1e-30))
+                     xla_flops_ratio_to_base=runs[name]["xla_flops"] / max(runs["base"]["xla_flops"], 1e-30),
+                     xla_bytes_ratio_to_base=runs[name]["xla_bytes"] / max(runs["base"]["xla_bytes"], 1e-30))
     o = out[name]
     print(f"{name:45s} {o['tokens_per_sec']:7.0f} tok/s x{o['ratio_to_base']:.3f} ({o['ratio_min']:.2f}-"
           f"{o['ratio_max']:.2f});  fastest step {best[name]:7.0f} tok/s x{o['fastest_ratio_to_base']:.3f};  "
