@@ -2,6 +2,7 @@
 steps train exactly what a plain run of that many steps trains, across a stop and a resume; a plan made
 again when the speed drifts (its schedule stretched), recorded and repeated by a resume."""
 import json
+import re
 import subprocess
 import sys
 
@@ -98,7 +99,7 @@ from mlm_jax.model import sharding
 from mlm_jax.training import loop, resolve, trainer as trainer_lib
 
 
-def run(workdir, budget=0.0, steps=24, stop=0, replan=True, record=None):
+def run(workdir, budget=0.0, steps=24, stop=0, replan=True, record=None, log_every=1, eval_every=6, save_every=4):
   if record is not None:   # a decision recorded by an earlier run of the workdir (or a copy of its record)
     os.makedirs(workdir, exist_ok=True)
     with open(f"{workdir}/time_budget.json", "w") as f:
@@ -108,7 +109,8 @@ def run(workdir, budget=0.0, steps=24, stop=0, replan=True, record=None):
                  max_position_embeddings=16)
   c.data.seq_len = 16
   c.optimizer.update(warmup_steps=8, learning_rate=1e-2)
-  c.train.update(steps=steps, batch_size=4, log_every=1, eval_every=6, save_every=4, stop_at_step=stop,
+  c.train.update(steps=steps, batch_size=4, log_every=log_every, eval_every=eval_every, save_every=save_every,
+                 stop_at_step=stop,
                  time_budget_minutes=budget, budget_calibration_steps=3, budget_replan=replan)
   r = resolve.resolve_for_compile(c)
   trainer = trainer_lib.make_trainer(r.config, sharding.make_mesh(r.config.mesh), r.objective)
@@ -134,6 +136,7 @@ planned = dict(slow, steps=20, decided_steps=400, replans=[dict(at_step=12, step
 run(f"{root}/planned", budget=60.0, steps=400, record=planned)
 run(f"{root}/resumed", budget=60.0, steps=400, stop=10, record=planned)
 run(f"{root}/resumed", budget=60.0, steps=400)
+run(f"{root}/eta", steps=1000, log_every=20, eval_every=0, save_every=0)   # no budget: the ETA alone
 out = {}
 for name in ("spent", "plain8", "ample", "plain24", "drift", "kept", "planned", "resumed"):
   lines = [json.loads(l) for l in open(f"{root}/{name}/metrics.jsonl")]
@@ -205,6 +208,21 @@ def test_a_recorded_plan_stretches_the_schedule_and_a_resume_repeats_it(budget_r
     x = s - 1
     done = x - 8 if x <= 12 else 4 + 388 * (x - 12) / 8
     assert rates[s] == pytest.approx(1e-2 * (x / 8 if x < 8 else 1 - done / 392), rel=1e-4, abs=1e-9), s
+
+
+def test_the_eta_leaves_the_compile_out_of_the_pace(budget_runs):
+  """The console's ETA is the budget's cost model (the steps' pace since the compile). It was the pace since the
+  loop began, compile included, so a 1-hour run read 'ETA 06:29:44' at step 100 and this run's first line (step
+  20 of 1000) read 49 compiles. Now that line is within 3x of the 980 steps' own time (goodput's steps and
+  input seconds of the run), on a fast or a loaded machine alike."""
+  root, _, log = budget_runs
+  lines = re.findall(r"step (\d+)/1000 .*ETA (\d+):(\d\d):(\d\d)", log)
+  eta = {int(s): 3600 * int(h) + 60 * int(m) + int(sec) for s, h, m, sec in lines}
+  assert sorted(eta) == list(range(20, 1001, 20)), sorted(eta)
+  seconds = json.loads((root / "eta" / "goodput.json").read_text())["segments"][0]["seconds"]
+  rest = (seconds["step"] + seconds["input"]) * 980 / 999   # the steps after the compiling first one
+  assert rest / 3 - 1 <= eta[20] <= 3 * rest + 1, (eta[20], rest, seconds["compile"])
+  assert eta[1000] == 0
 
 
 def test_a_budget_with_phases_is_refused_before_any_work(tmp_path):

@@ -24,9 +24,9 @@ from mlm_jax.workdir.metrics_log import MetricsWriter
 class LogInterval:
   """Metric sums of one log interval, kept on device until the interval is logged."""
 
-  def __init__(self, loop: Any, start: int, recorder: goodput.Recorder):
-    """`loop`: the training/loop.Loop it reports on (its current phase's trainer, input and rates)."""
-    self.loop, self.start, self.t_start, self.goodput = loop, start, time.perf_counter(), recorder
+  def __init__(self, loop: Any, recorder: goodput.Recorder):
+    """`loop`: the training/loop.Loop it reports on (its current phase's trainer, input, rates and ETA)."""
+    self.loop, self.goodput = loop, recorder
     self.peak = flops.peak_flops(loop.trainer.config)   # measured once per run on CPU
     self.bad_in_a_row = 0
     self.restart()
@@ -60,12 +60,12 @@ class LogInterval:
     if loop.phase_name:
       line["phase"] = loop.phase_name
     end = loop.end_step
-    eta = (end - step) * (now - self.t_start) / max(step - self.start, 1)
+    eta = loop.eta_seconds(step)
     writer.write(line)
     logging.info("step %d/%d%s  %s  lr %.2e  %.0f tok/s (real %.0f%%)  MFU %.1f%%  input %.0f%%  ETA %s", step,
                  end, f" [{loop.phase_name}]" if loop.phase_name else "", loop.trainer.objective.console(line), line["learning_rate"], real_tokens_per_sec,
                  100 * line["real_fraction"], 100 * line["mfu"],
-                 100 * line["input_wait_fraction"], time.strftime("%H:%M:%S", time.gmtime(eta)))
+                 100 * line["input_wait_fraction"], "-" if eta is None else _clock(eta))
     self._check_finite(line, step)
     self.restart()
     return line
@@ -80,3 +80,9 @@ class LogInterval:
     if self.bad_in_a_row >= t.max_consecutive_nonfinite:
       raise UserError(f"{self.bad_in_a_row} consecutive non-finite steps up to step {step}: training diverged; "
                       "the last checkpoint is intact. Lower optimizer.learning_rate")
+
+
+def _clock(seconds: float) -> str:
+  """H:MM:SS, the hours past a day included."""
+  s = int(round(seconds))
+  return f"{s // 3600:d}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -68,7 +68,7 @@ class Loop:
   _best: Any = None                      # BestCheckpoint, when best_metric is set (made by run())
   _decide_at: int | None = None          # train.time_budget_minutes: the step that fixes train.steps (run())
   _plan: dict | None = None              # and then the plans: decided_steps, cap, replans [(at, steps)], at_step
-  _window: tuple | None = None           # (time, step, eval/probe/save seconds) since which the steps are timed
+  _window: tuple | None = None           # (time, step, eval/probe/save seconds) since the last compile: the pace
   _asides: dict = dataclasses.field(default_factory=dict)   # seconds of this process's last evaluation and probe
   _saves: int = 0                        # checkpoints this process has written (a save's cost, for the budget)
   _compiles: int = 0                     # steps this process compiled (a compile's cost, for a new plan)
@@ -175,8 +175,19 @@ class Loop:
   def _costs(self, state, step: int) -> dict:
     """Seconds a step since the window began (evaluations, probes and saves apart), and each cadence's
     (every, seconds each): the last evaluation's and probe's, a save's on average; for time_budget.seconds_to."""
-    t, gp = self.train_config, self._goodput
     jax.block_until_ready(state.step)
+    return self._cost_model(step)
+
+  def eta_seconds(self, step: int) -> float | None:
+    """Seconds to the end by the model the time budget plans with: the steps' pace since the last compile,
+    evaluations, probes and saves by their cadence (a compile or a one-off evaluation does not stretch the
+    rest of the run); None before a step since the last compile is timed. After a log line's host sync."""
+    if self._window is None or step <= self._window[1]:
+      return None
+    return time_budget.seconds_to(self.end_step, step, self._cost_model(step))
+
+  def _cost_model(self, step: int) -> dict:
+    t, gp = self.train_config, self._goodput
     t_from, step_from, aside = self._window
     costs = {"step": (time.perf_counter() - t_from - (self._aside_seconds() - aside)) / (step - step_from)}
     for name, every in (("eval", t.eval_every), ("probe", t.probe_every)):
@@ -360,7 +371,7 @@ class Loop:
     if self.probe is not None and t.eval_at_start and start == 0:
       with gp.phase("probe"):
         self._probe(state, 0, writer)
-    log = LogInterval(self, start, gp)
+    log = LogInterval(self, gp)
     last, step, m, recompile = {}, start, None, False
     prof = self._profiler = profiling.StepProfiler(t, self.workdir, start)
     end = self.end_step
@@ -368,6 +379,7 @@ class Loop:
       if self._phase is not None and step >= self._phase.end:   # a boundary: the next phase's step and input
         self._enter_phase(self.phases.index_at(step), None)
         log.restart()
+        self._window = None   # its step compiles
       watch.phase = "input"
       prof.begin(step)
       t0 = time.perf_counter()
@@ -394,7 +406,7 @@ class Loop:
         last = log.flush(step, writer)
         gp.mark(step)
       decided = False
-      if (self._decide_at is not None or self._plan is not None) and self._window is None:   # compiled: timed from here
+      if self._window is None:   # compiled: timed from here (the ETA, the time budget)
         jax.block_until_ready(state.step)
         self._window = (time.perf_counter(), step, self._aside_seconds())
       if self._decide_at is not None and step == self._decide_at and not stop:
