@@ -40,6 +40,10 @@ MFU 13.6% of its bfloat16 peak), all pairs 61.19%, 0.01 below the 5-gram row.
 Two devices also run XLA's concurrency-optimized schedule (since 2026-12-06): 1.02-1.13x more over ten rounds there;
 in the loop 16.3k tokens/s over the hour's first 300 steps against 15.3k in the memory-first order. Seed 4 so
 (stopped and resumed on a slowed VM): all pairs 61.51%. The five seeds' mean 60.76% (SD 0.66), 0.44 below the row.
+`:small` is 4 x 128 (2 heads, FFN 512; GEGLU's 344 with `:ltg`), half the FLOPs a token, so twice the steps at a
+budget of FLOPs: the shape for a CPU without bfloat16 instructions, whose hour holds 15-40M tokens in float32. On a
+2-core Zen 3 VM (AVX2 only) `:small,mask30,timed` (the four model flags then) reached all pairs 57.30 / 59.36 / 58.04%
+for seeds 0 / 1 / 2 (mean 58.23%), --fast 56.9 / 58.5 / 57.0 against the 4 x 192 recipe's 55.3 / 55.7 (seeds 0, 1).
 `:mask30` masks 30% of the tokens (ModernBERT's and mmBERT's choice) for the same compute (fewer steps:
 the 30% step predicts twice the slots): seed 0, same tokenizer, 5427 steps in 34.5 min: BLiMP --fast
 56.0%, all pairs 56.4%, held-out pseudo-likelihood better than 15%'s (docs/quality.md, with 3 seeds at
@@ -109,7 +113,7 @@ STEPS = 6000
 # Model FLOPs per token of a train step (mlm_jax/model/flops.py) at 15% and 30% masking: the 30% run
 # predicts twice the slots, so it gets fewer steps for the same compute (every variant: STEPS x FLOPS_15).
 FLOPS_15, FLOPS_30 = 13_271_040, 14_671_872
-VARIANTS = ("mask30", "short", "hour", "timed", "bf16", "gptbert", "lamb", "zloss", "ltg")
+VARIANTS = ("mask30", "short", "hour", "timed", "bf16", "small", "gptbert", "lamb", "zloss", "ltg")
 # `:hour`: the steps that fit the aim's hour of the idle 2-core VM with `:bf16`, tokenizer, evaluations and probes
 # included (53 minutes measured), 8/3 of the recipe's.
 HOUR_STEPS = 16000
@@ -154,6 +158,8 @@ def get_config(variant=""):
                      mask_rate_schedule_mode="linear")   # the end step is set below
   if "ltg" in parts:
     c.model.update(dict(norm="pre", extra_norms=True, layer_weighting=True, mlp="geglu", intermediate_size=512))
+  if "small" in parts:   # 4 x 128: half the FLOPs a token, for a CPU whose hour holds 15-40M tokens (float32)
+    c.model.update(dict(hidden_size=128, num_heads=2, intermediate_size=344 if "ltg" in parts else 512))
   if "short" in parts and ("hour" in parts or "timed" in parts):
     raise ValueError(f"configs/en_cpu_hour.py:{variant}: `short` and `hour` are two budgets; pick one")
   if "timed" in parts:   # the hour by the clock of the machine that runs it (training/time_budget.py)

@@ -338,12 +338,14 @@ def test_the_cpu_recipes_variants_get_equal_compute():
   assert compute("hour")[0] == recipe.HOUR_STEPS and compute("short")[0] == recipe.STEPS // 4
   for budget in ("", "short,", "hour,"):
     s15, f15 = compute(budget.rstrip(","))
-    for variant in ("mask30", "gptbert", "lamb", "zloss", "ltg", "gptbert,lamb,zloss,ltg"):
+    for variant in ("mask30", "small", "gptbert", "lamb", "zloss", "ltg", "gptbert,lamb,zloss,ltg", "small,ltg"):
       s, f = compute(budget + variant)
       assert abs(s * f - s15 * f15) <= f, (budget, variant, s15, f15, s, f)
     s30, f30 = compute(budget + "mask30")
     assert f30 > f15 and s30 < s15
     assert (recipe.FLOPS_15, recipe.FLOPS_30) == pytest.approx((f15, f30), rel=1e-3)
+  small = recipe.get_config("small,mask30,timed").model   # the shape measured on a CPU without bfloat16
+  assert (small.num_layers, small.hidden_size, small.num_heads, small.intermediate_size) == (4, 128, 2, 512)
   gpt_bert = recipe.get_config("gptbert")
   assert tuple(gpt_bert.masking.mask_rate_schedule) == ("0:0.3", f"{gpt_bert.train.steps}:0.15")
   with pytest.raises(ValueError, match="mask30"):
