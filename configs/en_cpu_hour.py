@@ -91,7 +91,9 @@ Seed 1 of 4 x 128 (2026-12-07): 9190 steps fitted in a fast minute of the VM (ov
 4293 steps, 60m59s, --fast 55.7% (two seeds' mean 55.5 against 4 x 128's 57.5).
 On that VM's slower afternoon, 4 x 128 seed 2 with 16 rows a step (--config.train.batch_size=16): 11513 steps,
 23.6M tokens, --fast 56.0% (as 32 rows at equal tokens; fewer of them: not adopted); with 64-token rows, 64 a step
-(--config.data.seq_len=64 --config.train.batch_size=64): 6932 steps, 28.4M tokens, --fast 57.6%, all pairs 58.59%.
+(--config.data.seq_len=64 --config.train.batch_size=64): 6932 steps, 28.4M tokens, --fast 57.6%, all pairs 58.59%;
+seed 0 so (idle): 7149 steps, 29.3M tokens, 59m22s, --fast 57.1%, all pairs 57.77% (128-token rows: 57.30);
+seed 1: 6571 steps, 26.9M tokens, 58m59s, --fast 56.6%.
 Measured step cost of each against the base on this VM (alternated, tokens/s): docs/objectives.md.
 """
 import os
