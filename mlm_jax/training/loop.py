@@ -173,8 +173,7 @@ class Loop:
                                             schedule=schedule)
 
   def _costs(self, state, step: int) -> dict:
-    """Seconds a step since the window began (evaluations, probes and saves apart), and each cadence's
-    (every, seconds each): the last evaluation's and probe's, a save's on average; for time_budget.seconds_to."""
+    """_cost_model once `state`'s step has finished: the planner's timing ends with the step, not its dispatch."""
     jax.block_until_ready(state.step)
     return self._cost_model(step)
 
@@ -187,6 +186,8 @@ class Loop:
     return time_budget.seconds_to(self.end_step, step, self._cost_model(step))
 
   def _cost_model(self, step: int) -> dict:
+    """Seconds a step since the window began (evaluations, probes and saves apart), and each cadence's
+    (every, seconds each): the last evaluation's and probe's, a save's on average; for time_budget.seconds_to."""
     t, gp = self.train_config, self._goodput
     t_from, step_from, aside = self._window
     costs = {"step": (time.perf_counter() - t_from - (self._aside_seconds() - aside)) / (step - step_from)}
