@@ -56,6 +56,10 @@ faster one: `:bf16,mask30,timed`. Seed 0
 (2026-12-06, the Intel VM, idle): 10399 steps fitted (0.308 s a step at the decision), 55m41s with its tokenizer
 (the VM ran 15% faster in the second half), held-out 3.29 at 30% on the books, all pairs 60.0% (the fixed
 14472 steps: 60.8%, 70 minutes there).
+At 2e-3 on a 2-core Zen 4 VM (AVX512-BF16, bfloat16 matmul peak ~424 GFLOP/s; seed 0, 2026-12-07, idle):
+10360 steps, 59m52s, 12.9k tokens/s (median; MFU 44.5% of that peak), held-out 3.25, all pairs 60.16%; with 64-token
+rows, 64 a step (--config.data.seq_len=64 --config.train.batch_size=64): 12012 steps, 59m21s, 14.9k tokens/s
+(MFU 50.1%), all pairs 60.25% (docs/quality.md).
 
 The small-data levers, each a variant (they combine with commas; their BLiMP below):
 `:gptbert` GPT-BERT's objective (Charpentier & Samuel, 2024; docs/objectives.md#gpt-bert-masked-next-token-prediction-with-a-causal-share):
