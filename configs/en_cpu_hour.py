@@ -60,6 +60,8 @@ At 2e-3 on a 2-core Zen 4 VM (AVX512-BF16, bfloat16 matmul peak ~424 GFLOP/s; se
 10360 steps, 59m52s, 12.9k tokens/s (median; MFU 44.5% of that peak), held-out 3.25, all pairs 60.16%; with 64-token
 rows, 64 a step (--config.data.seq_len=64 --config.train.batch_size=64): 12012 steps, 59m21s, 14.9k tokens/s
 (MFU 50.1%), all pairs 60.25% (docs/quality.md).
+`:small,bf16,mask30,timed` there (seed 0, idle): 17760 steps, 60m48s, 72.7M tokens at 21.5k tokens/s (MFU 37.1%),
+held-out 3.28, all pairs 59.92% (-0.24 against 4 x 192 with 1.71x the tokens): not adopted on a bfloat16 VM.
 
 The small-data levers, each a variant (they combine with commas; their BLiMP below):
 `:gptbert` GPT-BERT's objective (Charpentier & Samuel, 2024; docs/objectives.md#gpt-bert-masked-next-token-prediction-with-a-causal-share):
